@@ -1,0 +1,32 @@
+# dtrain_add_library(NAME layer SOURCES ... DEPS ...): one static library per layer (DESIGN.md §1).
+function(dtrain_add_library layer)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(dtrain_${layer} STATIC ${ARG_SOURCES})
+  target_include_directories(dtrain_${layer}
+    PUBLIC ${PROJECT_SOURCE_DIR}/include
+    PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(dtrain_${layer} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+endfunction()
+
+# dtrain_add_test(SRC file LIBS ... LABELS ...): one test executable per test file.
+function(dtrain_add_test src)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "LIBS;LABELS" ${ARGN})
+  get_filename_component(name ${src} NAME_WE)
+  get_filename_component(dir ${src} DIRECTORY)
+  get_filename_component(layer ${dir} NAME)
+  set(target ${layer}_${name})
+  add_executable(${target} ${src})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  target_link_libraries(${target} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${target} PRIVATE
+    DTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    DTRAIN_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  add_test(NAME ${target} COMMAND ${target} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  set_tests_properties(${target} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+endfunction()

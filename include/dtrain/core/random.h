@@ -1,0 +1,47 @@
+// Counter-based random numbers (Philox-4x32-10, Salmon et al. 2011, as in TF and JAX).
+// The whole state is two integers (seed, counter), so any stream can be checkpointed and
+// resumed exactly. A Philox object is thread-compatible; use one per thread.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain {
+
+struct RngState {
+  uint64_t seed = 0;
+  uint64_t counter = 0;  // number of 32-bit values drawn so far
+  bool operator==(const RngState&) const = default;
+};
+
+class Philox {
+ public:
+  explicit Philox(uint64_t seed = 0, uint64_t counter = 0) : state_{seed, counter} {}
+  explicit Philox(RngState state) : state_(state) {}
+
+  // The next 32 random bits.
+  uint32_t next_u32();
+  uint64_t next_u64();
+  // Uniform in [0, 1), 24 bits of randomness.
+  float uniform();
+  // Uniform in [lo, hi).
+  float uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
+  // Standard normal (Box-Muller on two uniforms).
+  float normal();
+  // Uniform integer in [0, n), unbiased (rejection sampling); n > 0.
+  uint64_t uniform_int(uint64_t n);
+
+  RngState state() const { return state_; }
+  void set_state(RngState s) { state_ = s; }
+
+  // The block of four values at `block` for `seed`: the Philox bijection itself.
+  static void block(uint64_t seed, uint64_t block, uint32_t out[4]);
+
+ private:
+  RngState state_;
+};
+
+// Derives an independent seed for a named sub-stream (e.g. per layer, per epoch), with a
+// SplitMix64-style mix, so that components seeded from one global seed do not share streams.
+uint64_t mix_seed(uint64_t seed, uint64_t stream);
+
+}  // namespace dtrain

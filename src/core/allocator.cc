@@ -1,0 +1,106 @@
+// Caching allocator: exact-size free lists, bounded total cache.
+#include "allocator.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "dtrain/core/error.h"
+#include "dtrain/core/tensor.h"
+
+namespace dtrain::detail {
+namespace {
+
+// Buffers larger than this go straight back to the system; so does anything that would push
+// the cache past kMaxCachedBytes.
+constexpr size_t kMaxCachedBuffer = size_t{256} << 20;
+constexpr size_t kMaxCachedBytes = size_t{1} << 30;
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<size_t, std::vector<StorageHeader*>> free_lists;  // by capacity
+  AllocatorStats stats;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: tensors may outlive static destructors
+  return *c;
+}
+
+size_t round_capacity(size_t nbytes) { return (nbytes + 63) & ~size_t{63}; }
+
+}  // namespace
+
+StorageHeader* storage_allocate(size_t nbytes) {
+  const size_t capacity = round_capacity(nbytes == 0 ? 1 : nbytes);
+  Cache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    ++c.stats.allocations;
+    c.stats.bytes_in_use += capacity;
+    if (c.stats.bytes_in_use > c.stats.peak_bytes_in_use) {
+      c.stats.peak_bytes_in_use = c.stats.bytes_in_use;
+    }
+    auto it = c.free_lists.find(capacity);
+    if (it != c.free_lists.end() && !it->second.empty()) {
+      StorageHeader* h = it->second.back();
+      it->second.pop_back();
+      c.stats.bytes_cached -= capacity;
+      h->refcount.store(1, std::memory_order_relaxed);
+      return h;
+    }
+    ++c.stats.system_allocations;
+  }
+  void* p = std::aligned_alloc(64, kHeaderBytes + capacity);
+  if (p == nullptr) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.stats.bytes_in_use -= capacity;
+    throw ResourceExhaustedError(
+        str_cat("out of memory allocating a tensor of ", nbytes, " bytes"));
+  }
+  auto* h = new (p) StorageHeader;
+  h->capacity = capacity;
+  return h;
+}
+
+void storage_free(StorageHeader* h) {
+  Cache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.stats.bytes_in_use -= h->capacity;
+    if (h->capacity <= kMaxCachedBuffer && c.stats.bytes_cached + h->capacity <= kMaxCachedBytes) {
+      c.free_lists[h->capacity].push_back(h);
+      c.stats.bytes_cached += h->capacity;
+      return;
+    }
+  }
+  h->~StorageHeader();
+  std::free(h);
+}
+
+}  // namespace dtrain::detail
+
+namespace dtrain {
+
+AllocatorStats allocator_stats() {
+  auto& c = detail::cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.stats;
+}
+
+void allocator_release_cached() {
+  auto& c = detail::cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [cap, list] : c.free_lists) {
+    for (detail::StorageHeader* h : list) {
+      h->~StorageHeader();
+      std::free(h);
+    }
+    list.clear();
+  }
+  c.stats.bytes_cached = 0;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,64 @@
+#include "dtrain/core/tensor.h"
+
+#include <gtest/gtest.h>
+
+namespace dtrain {
+namespace {
+
+TEST(Tensor, ShapeAndData) {
+  Tensor t = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, Shape{2, 3});
+  EXPECT_EQ(t.shape(), (Shape{2, 3}));
+  EXPECT_EQ(t.num_elements(), 6);
+  EXPECT_EQ(t.nbytes(), 24u);
+  EXPECT_EQ(t.data<float>()[4], 5.0f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw_data()) % 64, 0u);
+  EXPECT_THROW(t.data<int32_t>(), InvalidArgumentError);
+}
+
+TEST(Tensor, CopiesShareClonesDoNot) {
+  Tensor a = Tensor::zeros(Shape{4});
+  Tensor b = a;
+  EXPECT_TRUE(a.shares_buffer_with(b));
+  EXPECT_EQ(a.use_count(), 2);
+  Tensor c = a.clone();
+  EXPECT_FALSE(c.shares_buffer_with(a));
+  b.data<float>()[0] = 7;
+  EXPECT_EQ(a.data<float>()[0], 7);
+  EXPECT_EQ(c.data<float>()[0], 0);
+}
+
+TEST(Tensor, ViewsSliceAndReshape) {
+  Tensor t = Tensor::from_vector<int32_t>({0, 1, 2, 3, 4, 5}, Shape{3, 2});
+  Tensor row = t[1];
+  EXPECT_EQ(row.shape(), Shape{2});
+  EXPECT_EQ(row.data<int32_t>()[0], 2);
+  Tensor s = t.slice(1, 3);
+  EXPECT_EQ(s.shape(), (Shape{2, 2}));
+  EXPECT_EQ(s.data<int32_t>()[3], 5);
+  EXPECT_EQ(t.reshape(Shape{6}).data<int32_t>()[5], 5);
+  EXPECT_THROW(t.reshape(Shape{4}), InvalidArgumentError);
+  EXPECT_THROW(t.slice(2, 4), InvalidArgumentError);
+  EXPECT_THROW(t[3], InvalidArgumentError);
+}
+
+TEST(Tensor, ItemAndEquals) {
+  EXPECT_EQ(Tensor::scalar(2.5f).item(), 2.5);
+  EXPECT_THROW(Tensor::zeros(Shape{2}).item(), InvalidArgumentError);
+  EXPECT_TRUE(Tensor::ones(Shape{3}).equals(Tensor::full(Shape{3}, 1.0)));
+  EXPECT_FALSE(Tensor::ones(Shape{3}).equals(Tensor::zeros(Shape{3})));
+}
+
+TEST(Allocator, ReusesFreedBuffersOfTheSameSize) {
+  { Tensor warm(Shape{1000, 3}); }
+  const auto before = allocator_stats();
+  for (int i = 0; i < 100; ++i) {
+    Tensor t(Shape{1000, 3});
+    t.fill(i);
+  }
+  const auto after = allocator_stats();
+  EXPECT_EQ(after.allocations - before.allocations, 100u);
+  EXPECT_EQ(after.system_allocations, before.system_allocations);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,6 +1,13 @@
 # dtrain_add_library(NAME layer SOURCES ... DEPS ...): one static library per layer (DESIGN.md §1).
 function(dtrain_add_library layer)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  if(NOT ARG_SOURCES)
+    # A layer with no sources yet is a header-only interface target.
+    add_library(dtrain_${layer} INTERFACE)
+    target_include_directories(dtrain_${layer} INTERFACE ${PROJECT_SOURCE_DIR}/include)
+    target_link_libraries(dtrain_${layer} INTERFACE ${ARG_DEPS})
+    return()
+  endif()
   add_library(dtrain_${layer} STATIC ${ARG_SOURCES})
   target_include_directories(dtrain_${layer}
     PUBLIC ${PROJECT_SOURCE_DIR}/include

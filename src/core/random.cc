@@ -80,3 +80,31 @@ uint64_t mix_seed(uint64_t seed, uint64_t stream) {
 }
 
 }  // namespace dtrain
+
+#include <atomic>
+#include <mutex>
+#include <random>
+
+namespace dtrain {
+namespace {
+std::mutex g_seed_mu;
+bool g_has_seed = false;      // guarded by g_seed_mu
+uint64_t g_seed = 0;          // guarded by g_seed_mu
+uint64_t g_seed_counter = 0;  // guarded by g_seed_mu
+}  // namespace
+
+void set_random_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_seed_mu);
+  g_has_seed = true;
+  g_seed = seed;
+  g_seed_counter = 0;
+}
+
+uint64_t next_seed() {
+  std::lock_guard<std::mutex> lock(g_seed_mu);
+  if (g_has_seed) return mix_seed(g_seed, g_seed_counter++);
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+}  // namespace dtrain

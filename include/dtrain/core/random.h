@@ -45,3 +45,15 @@ class Philox {
 uint64_t mix_seed(uint64_t seed, uint64_t stream);
 
 }  // namespace dtrain
+
+namespace dtrain {
+
+// The global seed, like tf.random.set_seed / keras.utils.set_random_seed: components created
+// without an explicit seed (initializers, Dropout, shuffle) derive theirs from it and a counter,
+// so a program that sets it is deterministic. Thread-safe.
+void set_random_seed(uint64_t seed);
+// Returns a fresh seed for a component that was given none: derived from the global seed and a
+// per-process counter when a global seed is set, else from std::random_device.
+uint64_t next_seed();
+
+}  // namespace dtrain

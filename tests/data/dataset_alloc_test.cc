@@ -1,0 +1,88 @@
+// Counts global operator new calls over a steady-state pass: from_tensor_slices -> shuffle ->
+// batch (-> prefetch) must not allocate per element. This file replaces operator new/delete for
+// the whole test executable, which is why it is a test of its own.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+
+#include "dtrain/core/random.h"
+#include "dtrain/data/dataset.h"
+
+// GCC flags free() on memory from (our own, malloc-backed) operator new once it inlines both.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace {
+std::atomic<long> g_news{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
+void operator delete[](void* p, std::size_t) noexcept { operator delete(p); }
+
+namespace dtrain::data {
+namespace {
+
+struct PassCost {
+  long news = 0;
+  uint64_t system_allocations = 0;
+  int64_t batches = 0;
+};
+
+// Runs pass `iteration` reusing `e`, and reports the allocations it made.
+PassCost run_pass(const Dataset& ds, int64_t iteration, Element& e) {
+  const uint64_t sys0 = allocator_stats().system_allocations;
+  const long news0 = g_news.load();
+  PassCost cost;
+  {
+    Iterator it = ds.iterator(iteration);
+    while (it.next(e)) ++cost.batches;
+  }
+  cost.news = g_news.load() - news0;
+  cost.system_allocations = allocator_stats().system_allocations - sys0;
+  return cost;
+}
+
+Dataset make_pipeline(bool prefetch) {
+  Philox rng(1);
+  Tensor x(DType::kFloat32, Shape{1000, 8});
+  for (int64_t i = 0; i < x.num_elements(); ++i) x.data<float>()[i] = rng.uniform();
+  Tensor y(DType::kInt32, Shape{1000});
+  for (int32_t i = 0; i < 1000; ++i) y.data<int32_t>()[i] = i % 10;
+  Dataset ds = Dataset::from_tensor_slices({x, y}).shuffle(1000, 5).batch(32);
+  return prefetch ? ds.prefetch(2) : ds;
+}
+
+class AllocTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(AllocTest, SecondPassAllocatesNothingPerElement) {
+  const Dataset ds = make_pipeline(GetParam());
+  Element e;
+  const PassCost first = run_pass(ds, 0, e);
+  EXPECT_EQ(first.batches, 32);
+  const PassCost second = run_pass(ds, 1, e);
+  EXPECT_EQ(second.batches, 32);
+  std::printf("operator new calls: first pass %ld, second pass %ld\n", first.news, second.news);
+  // Per pass: the iterator chain, the shuffle buffer, a few reused containers (and the
+  // prefetch ring and thread). Nothing per element or per batch: 1000 elements, 32 batches.
+  EXPECT_LE(second.news, 16) << "operator new calls in a steady-state pass";
+  EXPECT_EQ(second.system_allocations, 0u) << "tensor buffers must come from the cache";
+  const PassCost third = run_pass(ds, 2, e);
+  EXPECT_EQ(third.news, second.news);
+  EXPECT_EQ(third.system_allocations, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dataset, AllocTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Prefetch" : "Plain"; });
+
+}  // namespace
+}  // namespace dtrain::data

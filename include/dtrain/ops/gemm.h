@@ -1,0 +1,21 @@
+// Dense matrix multiply through OpenBLAS's cblas_sgemm, and control of BLAS threads.
+// Thread-safe (OpenBLAS is built with thread-safe pthreads); callers sharing cores with
+// replica threads should set num_threads so BLAS and replicas do not oversubscribe.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::ops {
+
+// C[m, n] = alpha * op(A) · op(B) + beta * C, row-major. op(A) is [m, k]: A is [m, k] with
+// leading dimension lda, or [k, m] when trans_a. op(B) is [k, n]: B is [k, n], or [n, k] when
+// trans_b. Blocks until done.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// Sets the number of threads OpenBLAS uses (process-wide). n >= 1.
+void set_num_threads(int n);
+// The number of threads OpenBLAS uses.
+int num_threads();
+
+}  // namespace dtrain::ops

@@ -1,0 +1,26 @@
+// GEMM via OpenBLAS. Only this file includes cblas.h.
+#include "dtrain/ops/gemm.h"
+
+#include <cblas.h>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::ops {
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void set_num_threads(int n) {
+  DTRAIN_CHECK(n >= 1, "set_num_threads: need at least one thread, got ", n);
+  openblas_set_num_threads(n);
+}
+
+int num_threads() { return openblas_get_num_threads(); }
+
+}  // namespace dtrain::ops

@@ -1,0 +1,665 @@
+// Float32 kernels. Loops are written so that g++ -O3 vectorizes them; shapes are checked at the
+// entry of each function and the loops trust them.
+#include "dtrain/ops/tensor_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "dtrain/ops/gemm.h"
+
+namespace dtrain::ops {
+namespace {
+
+void check_float(const Tensor& t, const char* fn) {
+  DTRAIN_CHECK(t.defined(), fn, ": undefined tensor");
+  DTRAIN_CHECK(t.dtype() == DType::kFloat32, fn, ": expected float32, got ", dtype_name(t.dtype()),
+               " of shape ", t.shape().to_string());
+}
+
+inline float sigmoidf(float x) {
+  // Stable for large |x|.
+  if (x >= 0) {
+    const float z = std::exp(-x);
+    return 1.0f / (1.0f + z);
+  }
+  const float z = std::exp(x);
+  return z / (1.0f + z);
+}
+
+void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
+    if (!std::isfinite(mx)) mx = 0;  // all -inf (or inf/nan): let the arithmetic propagate
+    double sum = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float e = std::exp(xr[c] - mx);
+      if (!log) yr[c] = e;
+      sum += e;
+    }
+    if (log) {
+      const float lse = mx + static_cast<float>(std::log(sum));
+      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
+    } else {
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
+    }
+  }
+}
+
+int normalize_axis(int axis, int rank, const char* fn) {
+  const int a = axis < 0 ? axis + rank : axis;
+  DTRAIN_CHECK(a >= 0 && a < rank, fn, ": axis ", axis, " out of range for rank ", rank);
+  return a;
+}
+
+}  // namespace
+
+Activation activation_from_name(const std::string& name) {
+  if (name == "linear" || name.empty() || name == "None") return Activation::kLinear;
+  if (name == "relu") return Activation::kRelu;
+  if (name == "sigmoid") return Activation::kSigmoid;
+  if (name == "tanh") return Activation::kTanh;
+  if (name == "softmax") return Activation::kSoftmax;
+  throw InvalidArgumentError("unknown activation '" + name +
+                             "' (known: linear, relu, sigmoid, tanh, softmax)");
+}
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::kLinear:
+      return "linear";
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kSigmoid:
+      return "sigmoid";
+    case Activation::kTanh:
+      return "tanh";
+    case Activation::kSoftmax:
+      return "softmax";
+  }
+  return "linear";
+}
+
+void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  switch (act) {
+    case Activation::kLinear:
+      return;
+    case Activation::kRelu:
+      for (int64_t i = 0; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+      return;
+    case Activation::kSigmoid:
+      for (int64_t i = 0; i < n; ++i) y[i] = sigmoidf(y[i]);
+      return;
+    case Activation::kTanh:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(y[i]);
+      return;
+    case Activation::kSoftmax:
+      softmax_rows(y, y, rows, cols, false);
+      return;
+  }
+}
+
+void activation_backward_inplace(Activation act, const float* y, float* dz, int64_t rows,
+                                 int64_t cols) {
+  const int64_t n = rows * cols;
+  switch (act) {
+    case Activation::kLinear:
+      return;
+    case Activation::kRelu:
+      // relu(x) > 0 exactly where x > 0, so the mask can be read from the output.
+      for (int64_t i = 0; i < n; ++i) dz[i] = y[i] > 0.0f ? dz[i] : 0.0f;
+      return;
+    case Activation::kSigmoid:
+      for (int64_t i = 0; i < n; ++i) dz[i] *= y[i] * (1.0f - y[i]);
+      return;
+    case Activation::kTanh:
+      for (int64_t i = 0; i < n; ++i) dz[i] *= 1.0f - y[i] * y[i];
+      return;
+    case Activation::kSoftmax:
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* yr = y + r * cols;
+        float* dr = dz + r * cols;
+        float dot = 0;
+        for (int64_t c = 0; c < cols; ++c) dot += dr[c] * yr[c];
+        for (int64_t c = 0; c < cols; ++c) dr[c] = yr[c] * (dr[c] - dot);
+      }
+      return;
+  }
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const int rank = std::max(a.rank(), b.rank());
+  Shape out;
+  for (int i = 0; i < rank; ++i) {
+    const int ia = a.rank() - rank + i, ib = b.rank() - rank + i;
+    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    DTRAIN_CHECK(da == db || da == 1 || db == 1, "broadcast: incompatible shapes ", a.to_string(),
+                 " and ", b.to_string());
+    out.push_back(da == 1 ? db : da);
+  }
+  return out;
+}
+
+namespace {
+
+template <class F>
+void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  const int64_t n = out.num_elements();
+  if (a.shape() == b.shape()) {
+    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    return;
+  }
+  if (b.num_elements() == 1 && a.num_elements() == n) {
+    const float s = pb[0];
+    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
+    return;
+  }
+  if (a.num_elements() == 1 && b.num_elements() == n) {
+    const float s = pa[0];
+    for (int64_t i = 0; i < n; ++i) po[i] = f(s, pb[i]);
+    return;
+  }
+  // b broadcasts over rows of a (bias-like): a [..., c], b [c] or [1, c].
+  if (a.num_elements() == n && b.num_elements() == out.dim(-1) && b.dim(-1) == out.dim(-1)) {
+    const int64_t c = out.dim(-1), rows = n / std::max<int64_t>(c, 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < c; ++j) po[r * c + j] = f(pa[r * c + j], pb[j]);
+    }
+    return;
+  }
+  // General case: walk the output with per-operand strides (0 on broadcast dimensions).
+  const Shape& os = out.shape();
+  const int rank = os.rank();
+  int64_t sa[Shape::kMaxRank] = {}, sb[Shape::kMaxRank] = {};
+  {
+    int64_t ta = 1, tb = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      const int ia = a.rank() - rank + i, ib = b.rank() - rank + i;
+      const int64_t da = ia >= 0 ? a.shape()[ia] : 1, db = ib >= 0 ? b.shape()[ib] : 1;
+      sa[i] = da == 1 ? 0 : ta;
+      sb[i] = db == 1 ? 0 : tb;
+      ta *= da;
+      tb *= db;
+    }
+  }
+  int64_t idx[Shape::kMaxRank] = {};
+  int64_t oa = 0, ob = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    po[i] = f(pa[oa], pb[ob]);
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++idx[d] < os[d]) {
+        oa += sa[d];
+        ob += sb[d];
+        break;
+      }
+      oa -= sa[d] * (os[d] - 1);
+      ob -= sb[d] * (os[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  check_float(a, "binary op");
+  check_float(b, "binary op");
+  Tensor out(broadcast_shapes(a.shape(), b.shape()));
+  switch (op) {
+    case BinaryOp::kAdd:
+      binary_loop(a, b, out, [](float x, float y) { return x + y; });
+      break;
+    case BinaryOp::kSub:
+      binary_loop(a, b, out, [](float x, float y) { return x - y; });
+      break;
+    case BinaryOp::kMul:
+      binary_loop(a, b, out, [](float x, float y) { return x * y; });
+      break;
+    case BinaryOp::kDiv:
+      binary_loop(a, b, out, [](float x, float y) { return x / y; });
+      break;
+    case BinaryOp::kMaximum:
+      binary_loop(a, b, out, [](float x, float y) { return x >= y ? x : y; });
+      break;
+    case BinaryOp::kMinimum:
+      binary_loop(a, b, out, [](float x, float y) { return x <= y ? x : y; });
+      break;
+    case BinaryOp::kGreaterEqual:
+      binary_loop(a, b, out, [](float x, float y) { return x >= y ? 1.0f : 0.0f; });
+      break;
+    case BinaryOp::kLessEqual:
+      binary_loop(a, b, out, [](float x, float y) { return x <= y ? 1.0f : 0.0f; });
+      break;
+  }
+  return out;
+}
+
+Tensor reduce_to_shape(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  check_float(g, "reduce_to_shape");
+  const Shape& gs = g.shape();
+  DTRAIN_CHECK(broadcast_shapes(gs, shape) == gs, "reduce_to_shape: ", shape.to_string(),
+               " does not broadcast to ", gs.to_string());
+  Tensor out = Tensor::zeros(shape);
+  const int rank = gs.rank();
+  int64_t so[Shape::kMaxRank] = {};
+  {
+    int64_t t = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      const int is = shape.rank() - rank + i;
+      const int64_t d = is >= 0 ? shape[is] : 1;
+      so[i] = d == 1 ? 0 : t;
+      t *= d;
+    }
+  }
+  const float* pg = g.data<float>();
+  float* po = out.data<float>();
+  int64_t idx[Shape::kMaxRank] = {};
+  int64_t off = 0;
+  const int64_t n = g.num_elements();
+  for (int64_t i = 0; i < n; ++i) {
+    po[off] += pg[i];
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++idx[d] < gs[d]) {
+        off += so[d];
+        break;
+      }
+      off -= so[d] * (gs[d] - 1);
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  check_float(x, "unary op");
+  Tensor out(x.shape());
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const int64_t n = x.num_elements();
+  switch (op) {
+    case UnaryOp::kNeg:
+      for (int64_t i = 0; i < n; ++i) po[i] = -px[i];
+      break;
+    case UnaryOp::kExp:
+      for (int64_t i = 0; i < n; ++i) po[i] = std::exp(px[i]);
+      break;
+    case UnaryOp::kLog:
+      for (int64_t i = 0; i < n; ++i) po[i] = std::log(px[i]);
+      break;
+    case UnaryOp::kSqrt:
+      for (int64_t i = 0; i < n; ++i) po[i] = std::sqrt(px[i]);
+      break;
+    case UnaryOp::kSquare:
+      for (int64_t i = 0; i < n; ++i) po[i] = px[i] * px[i];
+      break;
+    case UnaryOp::kAbs:
+      for (int64_t i = 0; i < n; ++i) po[i] = std::fabs(px[i]);
+      break;
+    case UnaryOp::kRelu:
+      for (int64_t i = 0; i < n; ++i) po[i] = px[i] > 0 ? px[i] : 0.0f;
+      break;
+    case UnaryOp::kSigmoid:
+      for (int64_t i = 0; i < n; ++i) po[i] = sigmoidf(px[i]);
+      break;
+    case UnaryOp::kTanh:
+      for (int64_t i = 0; i < n; ++i) po[i] = std::tanh(px[i]);
+      break;
+  }
+  return out;
+}
+
+Tensor affine(const Tensor& x, float alpha, float beta) {
+  check_float(x, "affine");
+  Tensor out(x.shape());
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) po[i] = px[i] * alpha + beta;
+  return out;
+}
+
+Tensor clip(const Tensor& x, float lo, float hi) {
+  check_float(x, "clip");
+  Tensor out(x.shape());
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) po[i] = std::min(std::max(px[i], lo), hi);
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  check_float(a, "matmul");
+  check_float(b, "matmul");
+  DTRAIN_CHECK(a.rank() == 2 && b.rank() == 2, "matmul: expected rank-2 operands, got ",
+               a.shape().to_string(), " and ", b.shape().to_string());
+  const int64_t m = transpose_a ? a.dim(1) : a.dim(0);
+  const int64_t k = transpose_a ? a.dim(0) : a.dim(1);
+  const int64_t kb = transpose_b ? b.dim(1) : b.dim(0);
+  const int64_t n = transpose_b ? b.dim(0) : b.dim(1);
+  DTRAIN_CHECK(k == kb, "matmul: inner dimensions differ: ", a.shape().to_string(),
+               transpose_a ? "ᵀ" : "", " · ", b.shape().to_string(), transpose_b ? "ᵀ" : "");
+  Tensor out(Shape{m, n});
+  if (k == 0) {
+    out.fill(0);
+    return out;
+  }
+  gemm(transpose_a, transpose_b, m, n, k, 1.0f, a.data<float>(), a.dim(1), b.data<float>(),
+       b.dim(1), 0.0f, out.data<float>(), n);
+  return out;
+}
+
+void bias_add_inplace(Tensor& y, const Tensor& b) {
+  check_float(y, "bias_add");
+  check_float(b, "bias_add");
+  const int64_t cols = y.dim(-1);
+  DTRAIN_CHECK(b.num_elements() == cols, "bias_add: bias of shape ", b.shape().to_string(),
+               " does not match the last dimension of ", y.shape().to_string());
+  float* py = y.data<float>();
+  const float* pb = b.data<float>();
+  const int64_t rows = y.num_elements() / std::max<int64_t>(cols, 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = py + r * cols;
+    for (int64_t c = 0; c < cols; ++c) yr[c] += pb[c];
+  }
+}
+
+void column_sum(const float* x, int64_t rows, int64_t cols, float* out) {
+  std::fill_n(out, cols, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
+  }
+}
+
+Tensor reduce_sum(const Tensor& x, std::optional<int> axis, bool keepdims) {
+  check_float(x, "reduce_sum");
+  const float* px = x.data<float>();
+  if (!axis) {
+    double s = 0;
+    for (int64_t i = 0, n = x.num_elements(); i < n; ++i) s += px[i];
+    Shape shape;
+    if (keepdims) {
+      for (int i = 0; i < x.rank(); ++i) shape.push_back(1);
+    }
+    return Tensor::full(shape, s);
+  }
+  const int a = normalize_axis(*axis, x.rank(), "reduce_sum");
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < a; ++i) outer *= x.shape()[i];
+  for (int i = a + 1; i < x.rank(); ++i) inner *= x.shape()[i];
+  const int64_t len = x.shape()[a];
+  Shape shape;
+  for (int i = 0; i < x.rank(); ++i) {
+    if (i != a) {
+      shape.push_back(x.shape()[i]);
+    } else if (keepdims) {
+      shape.push_back(1);
+    }
+  }
+  Tensor out = Tensor::zeros(shape);
+  float* po = out.data<float>();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t l = 0; l < len; ++l) {
+      const float* src = px + (o * len + l) * inner;
+      float* dst = po + o * inner;
+      for (int64_t i = 0; i < inner; ++i) dst[i] += src[i];
+    }
+  }
+  return out;
+}
+
+Tensor reduce_mean(const Tensor& x, std::optional<int> axis, bool keepdims) {
+  Tensor s = reduce_sum(x, axis, keepdims);
+  const int64_t count =
+      axis ? x.shape()[normalize_axis(*axis, x.rank(), "reduce_mean")] : x.num_elements();
+  float* p = s.data<float>();
+  const float inv = count == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / count;
+  for (int64_t i = 0, n = s.num_elements(); i < n; ++i) p[i] *= inv;
+  return s;
+}
+
+Tensor expand_reduced(const Tensor& g, const Shape& shape, std::optional<int> axis) {
+  check_float(g, "expand_reduced");
+  Tensor out(shape);
+  float* po = out.data<float>();
+  const float* pg = g.data<float>();
+  if (!axis) {
+    std::fill_n(po, out.num_elements(), pg[0]);
+    return out;
+  }
+  const int a = normalize_axis(*axis, shape.rank(), "expand_reduced");
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < a; ++i) outer *= shape[i];
+  for (int i = a + 1; i < shape.rank(); ++i) inner *= shape[i];
+  const int64_t len = shape[a];
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t l = 0; l < len; ++l) {
+      std::copy_n(pg + o * inner, inner, po + (o * len + l) * inner);
+    }
+  }
+  return out;
+}
+
+Tensor softmax(const Tensor& x) {
+  check_float(x, "softmax");
+  DTRAIN_CHECK(x.rank() >= 1, "softmax: needs rank >= 1");
+  Tensor out(x.shape());
+  const int64_t cols = x.dim(-1);
+  softmax_rows(x.data<float>(), out.data<float>(), x.num_elements() / std::max<int64_t>(cols, 1),
+               cols, false);
+  return out;
+}
+
+Tensor log_softmax(const Tensor& x) {
+  check_float(x, "log_softmax");
+  DTRAIN_CHECK(x.rank() >= 1, "log_softmax: needs rank >= 1");
+  Tensor out(x.shape());
+  const int64_t cols = x.dim(-1);
+  softmax_rows(x.data<float>(), out.data<float>(), x.num_elements() / std::max<int64_t>(cols, 1),
+               cols, true);
+  return out;
+}
+
+Tensor argmax(const Tensor& x) {
+  check_float(x, "argmax");
+  DTRAIN_CHECK(x.rank() >= 1 && x.dim(-1) > 0, "argmax: needs a non-empty last axis, got ",
+               x.shape().to_string());
+  const int64_t cols = x.dim(-1), rows = x.num_elements() / cols;
+  Shape shape;
+  for (int i = 0; i + 1 < x.rank(); ++i) shape.push_back(x.shape()[i]);
+  Tensor out(DType::kInt64, shape);
+  const float* px = x.data<float>();
+  int64_t* po = out.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = px + r * cols;
+    int64_t best = 0;
+    for (int64_t c = 1; c < cols; ++c) {
+      if (xr[c] > xr[best]) best = c;
+    }
+    po[r] = best;
+  }
+  return out;
+}
+
+namespace {
+template <class F>
+void dispatch(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32:
+      f(float{});
+      return;
+    case DType::kFloat64:
+      f(double{});
+      return;
+    case DType::kInt32:
+      f(int32_t{});
+      return;
+    case DType::kInt64:
+      f(int64_t{});
+      return;
+    case DType::kUInt8:
+      f(uint8_t{});
+      return;
+    case DType::kInt8:
+      f(int8_t{});
+      return;
+    case DType::kInt16:
+      f(int16_t{});
+      return;
+    case DType::kUInt16:
+      f(uint16_t{});
+      return;
+    case DType::kUInt32:
+      f(uint32_t{});
+      return;
+    case DType::kUInt64:
+      f(uint64_t{});
+      return;
+    case DType::kBool:
+      f(bool{});
+      return;
+    default:
+      throw InvalidArgumentError(str_cat("unsupported dtype ", dtype_name(dtype)));
+  }
+}
+}  // namespace
+
+Tensor cast(const Tensor& x, DType dtype) {
+  DTRAIN_CHECK(x.defined(), "cast: undefined tensor");
+  if (x.dtype() == dtype) return x;
+  Tensor out(dtype, x.shape());
+  const int64_t n = x.num_elements();
+  dispatch(x.dtype(), [&](auto src_zero) {
+    using S = decltype(src_zero);
+    dispatch(dtype, [&](auto dst_zero) {
+      using D = decltype(dst_zero);
+      const S* ps = static_cast<const S*>(x.raw_data());
+      D* pd = static_cast<D*>(out.raw_data());
+      for (int64_t i = 0; i < n; ++i) pd[i] = static_cast<D>(ps[i]);
+    });
+  });
+  return out;
+}
+
+int64_t label_at(const Tensor& labels, int64_t i) {
+  switch (labels.dtype()) {
+    case DType::kUInt8:
+      return static_cast<const uint8_t*>(labels.raw_data())[i];
+    case DType::kInt32:
+      return static_cast<const int32_t*>(labels.raw_data())[i];
+    case DType::kInt64:
+      return static_cast<const int64_t*>(labels.raw_data())[i];
+    case DType::kFloat32: {
+      const float v = static_cast<const float*>(labels.raw_data())[i];
+      return std::isfinite(v) && v == std::floor(v) ? static_cast<int64_t>(v) : -1;
+    }
+    case DType::kFloat64: {
+      const double v = static_cast<const double*>(labels.raw_data())[i];
+      return std::isfinite(v) && v == std::floor(v) ? static_cast<int64_t>(v) : -1;
+    }
+    case DType::kInt8:
+      return static_cast<const int8_t*>(labels.raw_data())[i];
+    case DType::kInt16:
+      return static_cast<const int16_t*>(labels.raw_data())[i];
+    case DType::kUInt16:
+      return static_cast<const uint16_t*>(labels.raw_data())[i];
+    case DType::kUInt32:
+      return static_cast<const uint32_t*>(labels.raw_data())[i];
+    default:
+      throw InvalidArgumentError(str_cat("labels: unsupported dtype ", dtype_name(labels.dtype())));
+  }
+}
+
+namespace {
+void check_sparse_labels(const Tensor& x, const Tensor& labels, const char* fn) {
+  DTRAIN_CHECK(x.rank() == 2, fn, ": expected predictions of rank 2 [batch, classes], got ",
+               x.shape().to_string());
+  DTRAIN_CHECK(labels.defined(), fn, ": undefined labels");
+  DTRAIN_CHECK(labels.num_elements() == x.dim(0), fn, ": ", labels.num_elements(),
+               " labels (shape ", labels.shape().to_string(), ") for a batch of ", x.dim(0),
+               " predictions");
+}
+int64_t checked_label(const Tensor& labels, int64_t b, int64_t classes, const char* fn) {
+  const int64_t y = label_at(labels, b);
+  DTRAIN_CHECK(y >= 0 && y < classes, fn, ": label ", y, " of example ", b,
+               " is outside the valid range [0, ", classes, ")");
+  return y;
+}
+}  // namespace
+
+Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* probs) {
+  check_float(logits, "sparse_softmax_cross_entropy");
+  check_sparse_labels(logits, labels, "sparse_softmax_cross_entropy");
+  const int64_t batch = logits.dim(0), classes = logits.dim(1);
+  Tensor lsm(logits.shape());
+  softmax_rows(logits.data<float>(), lsm.data<float>(), batch, classes, true);
+  Tensor loss(Shape{batch});
+  float* pl = loss.data<float>();
+  const float* ps = lsm.data<float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    pl[b] = -ps[b * classes + checked_label(labels, b, classes, "sparse_softmax_cross_entropy")];
+  }
+  if (probs) {
+    float* pp = lsm.data<float>();
+    for (int64_t i = 0, n = lsm.num_elements(); i < n; ++i) pp[i] = std::exp(pp[i]);
+    *probs = std::move(lsm);
+  }
+  return loss;
+}
+
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* probs) {
+  check_float(logits, "softmax_cross_entropy");
+  check_float(labels, "softmax_cross_entropy");
+  DTRAIN_CHECK(logits.rank() == 2 && labels.shape() == logits.shape(),
+               "softmax_cross_entropy: labels ", labels.shape().to_string(), " and logits ",
+               logits.shape().to_string(), " must both be [batch, classes]");
+  const int64_t batch = logits.dim(0), classes = logits.dim(1);
+  Tensor lsm(logits.shape());
+  softmax_rows(logits.data<float>(), lsm.data<float>(), batch, classes, true);
+  Tensor loss(Shape{batch});
+  const float* ps = lsm.data<float>();
+  const float* py = labels.data<float>();
+  float* pl = loss.data<float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    float s = 0;
+    for (int64_t c = 0; c < classes; ++c) s -= py[b * classes + c] * ps[b * classes + c];
+    pl[b] = s;
+  }
+  if (probs) {
+    float* pp = lsm.data<float>();
+    for (int64_t i = 0, n = lsm.num_elements(); i < n; ++i) pp[i] = std::exp(pp[i]);
+    *probs = std::move(lsm);
+  }
+  return loss;
+}
+
+Tensor pick(const Tensor& x, const Tensor& labels) {
+  check_float(x, "pick");
+  check_sparse_labels(x, labels, "pick");
+  const int64_t batch = x.dim(0), classes = x.dim(1);
+  Tensor out(Shape{batch});
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  for (int64_t b = 0; b < batch; ++b) {
+    po[b] = px[b * classes + checked_label(labels, b, classes, "sparse categorical loss")];
+  }
+  return out;
+}
+
+bool all_finite(const Tensor& x) {
+  if (x.dtype() != DType::kFloat32) return true;
+  const float* p = x.data<float>();
+  bool ok = true;
+  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) ok &= std::isfinite(p[i]);
+  return ok;
+}
+
+}  // namespace dtrain::ops

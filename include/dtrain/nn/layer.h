@@ -1,0 +1,84 @@
+// Layer: the Keras layer contract. A layer owns its weights (Variables named
+// "<layer name>/<weight name>", as Keras names them), is built lazily from the shape of its
+// first input (or eagerly via build()), and maps a batch tensor to a batch tensor. Shapes given
+// to build() and compute_output_shape() exclude the batch dimension. Not thread-safe: replicas
+// that share a layer must not build it concurrently (build before distributing).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/core/tensor.h"
+#include "dtrain/nn/initializers.h"
+
+namespace dtrain::nn {
+
+class Layer {
+ public:
+  // An empty name gets a unique Keras-style default from the class ("dense", "dense_1", ...).
+  explicit Layer(std::string name = {});
+  virtual ~Layer();
+  Layer(Layer&&) = default;
+  Layer& operator=(Layer&&) = default;
+
+  const std::string& name() const { return name_; }
+  // Keras's class name ("Dense").
+  virtual std::string class_name() const = 0;
+
+  // Applies the layer: builds it from x's shape on the first call, checks the shape on later
+  // ones (InvalidArgumentError naming the layer and both shapes), then runs call().
+  Tensor operator()(const Tensor& x, bool training = false);
+  // The computation; x includes the batch dimension.
+  virtual Tensor call(const Tensor& x, bool training) = 0;
+
+  // Creates the weights for inputs of `input_shape` (without batch). Idempotent for the same
+  // shape; a different shape after building throws InvalidArgumentError.
+  void build(const Shape& input_shape);
+  bool built() const { return built_; }
+  // The per-example input shape it was built for (or was declared with input_shape).
+  const std::optional<Shape>& input_shape() const { return input_shape_; }
+  // The per-example output shape for a per-example input shape.
+  virtual Shape compute_output_shape(const Shape& input_shape) const { return input_shape; }
+
+  // Weights in creation order; for models, of all sub-layers in tracking order.
+  virtual std::vector<Variable*> weights();
+  std::vector<Variable*> trainable_weights();
+  std::vector<Variable*> non_trainable_weights();
+  int64_t count_params();
+
+  bool trainable() const { return trainable_; }
+  void set_trainable(bool t);
+
+  // Keras's layer config as a JSON object string ({"name": ..., "trainable": ..., ...}).
+  virtual std::string config_json() const;
+
+ protected:
+  // Subclasses create weights here.
+  virtual void build_impl(const Shape& /*input_shape*/) {}
+  // Creates a weight "<name()>/<weight_name>" initialized by `init`.
+  Variable& add_weight(const std::string& weight_name, const Shape& shape, Initializer& init,
+                       bool trainable = true);
+  // Declares the expected input shape before building (Keras's input_shape argument).
+  void set_input_shape(const Shape& s) { input_shape_ = s; }
+  // Renames after construction (models that take a user-given name).
+  void set_name(std::string name) { name_ = std::move(name); }
+
+ private:
+  std::string name_;
+  bool built_ = false;
+  bool trainable_ = true;
+  std::optional<Shape> input_shape_;
+  std::vector<std::unique_ptr<Variable>> weights_;
+};
+
+// Keras's unique default names: the first layer of base "dense" is "dense", then "dense_1",...
+std::string unique_layer_name(const std::string& base);
+// Resets the default-name counters (keras.backend.clear_session()).
+void clear_session();
+// "Dense" → "dense", "MyModel" → "my_model".
+std::string to_snake_case(const std::string& class_name);
+
+}  // namespace dtrain::nn

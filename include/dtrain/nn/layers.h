@@ -1,0 +1,120 @@
+// The core Keras layers: InputLayer, Dense, Flatten, Dropout, Activation.
+// Thread-safety as for Layer.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "dtrain/core/random.h"
+#include "dtrain/nn/layer.h"
+#include "dtrain/ops/tensor_ops.h"
+
+namespace dtrain::nn {
+
+struct InputLayerOptions {
+  std::string name = {};  // default "input_1"-style name
+};
+
+// Declares the per-example input shape of a Sequential model (keras.layers.InputLayer).
+class InputLayer : public Layer {
+ public:
+  explicit InputLayer(const Shape& shape, InputLayerOptions options = {});
+  std::string class_name() const override { return "InputLayer"; }
+  Tensor call(const Tensor& x, bool training) override;
+  std::string config_json() const override;
+};
+
+struct DenseOptions {
+  std::string activation = "linear";                  // linear, relu, sigmoid, tanh, softmax
+  bool use_bias = true;                               // add a bias vector
+  std::string kernel_initializer = "glorot_uniform";  // Keras identifier
+  std::string bias_initializer = "zeros";             // Keras identifier
+  std::optional<uint64_t> seed = std::nullopt;        // kernel initializer seed
+  std::optional<Shape> input_shape = std::nullopt;    // per-example input shape (builds now)
+  std::string name = {};                              // default "dense", "dense_1", ...
+};
+
+// y = activation(x · kernel + bias), kernel [in, units] (Keras orientation). Inputs of rank > 2
+// are transformed along their last axis.
+class Dense : public Layer {
+ public:
+  explicit Dense(int64_t units, DenseOptions options = {});
+  std::string class_name() const override { return "Dense"; }
+  Tensor call(const Tensor& x, bool training) override;
+  Shape compute_output_shape(const Shape& input_shape) const override;
+  std::string config_json() const override;
+
+  int64_t units() const { return units_; }
+  ops::Activation activation() const { return activation_; }
+  // Valid once built.
+  Variable& kernel() { return *kernel_; }
+  Variable* bias() { return bias_; }
+
+ protected:
+  void build_impl(const Shape& input_shape) override;
+
+ private:
+  int64_t units_;
+  ops::Activation activation_;
+  bool use_bias_;
+  std::shared_ptr<Initializer> kernel_init_;
+  std::shared_ptr<Initializer> bias_init_;
+  Variable* kernel_ = nullptr;
+  Variable* bias_ = nullptr;
+};
+
+struct FlattenOptions {
+  std::optional<Shape> input_shape = std::nullopt;  // per-example input shape
+  std::string name = {};
+};
+
+// [batch, d1, d2, ...] → [batch, d1·d2·...].
+class Flatten : public Layer {
+ public:
+  explicit Flatten(FlattenOptions options = {});
+  std::string class_name() const override { return "Flatten"; }
+  Tensor call(const Tensor& x, bool training) override;
+  Shape compute_output_shape(const Shape& input_shape) const override;
+  std::string config_json() const override;
+};
+
+struct DropoutOptions {
+  std::optional<uint64_t> seed = std::nullopt;  // default: drawn from dtrain::next_seed()
+  std::string name = {};
+};
+
+// During training, zeroes each element with probability `rate` and scales the rest by
+// 1/(1 − rate); the identity at inference. The RNG state is exposed for checkpoints.
+class Dropout : public Layer {
+ public:
+  explicit Dropout(float rate, DropoutOptions options = {});
+  std::string class_name() const override { return "Dropout"; }
+  Tensor call(const Tensor& x, bool training) override;
+  std::string config_json() const override;
+  float rate() const { return rate_; }
+  RngState rng_state() const { return rng_.state(); }
+  void set_rng_state(RngState s) { rng_.set_state(s); }
+
+ private:
+  float rate_;
+  std::optional<uint64_t> seed_;
+  Philox rng_;
+};
+
+struct ActivationOptions {
+  std::string name = {};
+};
+
+// Applies a named activation (keras.layers.Activation).
+class Activation : public Layer {
+ public:
+  explicit Activation(const std::string& activation, ActivationOptions options = {});
+  std::string class_name() const override { return "Activation"; }
+  Tensor call(const Tensor& x, bool training) override;
+  std::string config_json() const override;
+
+ private:
+  ops::Activation activation_;
+};
+
+}  // namespace dtrain::nn

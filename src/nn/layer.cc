@@ -1,0 +1,145 @@
+// Layer base: lazy build, weight ownership, default names.
+#include "dtrain/nn/layer.h"
+
+#include <cctype>
+#include <map>
+#include <mutex>
+
+#include "config.h"
+
+namespace dtrain::nn {
+namespace {
+std::mutex g_names_mu;
+std::map<std::string, int>& name_counters() {
+  static std::map<std::string, int> m;
+  return m;
+}
+}  // namespace
+
+std::string unique_layer_name(const std::string& base) {
+  std::lock_guard<std::mutex> lock(g_names_mu);
+  int& n = name_counters()[base];
+  const std::string name = n == 0 ? base : base + "_" + std::to_string(n);
+  ++n;
+  return name;
+}
+
+void clear_session() {
+  std::lock_guard<std::mutex> lock(g_names_mu);
+  name_counters().clear();
+}
+
+std::string to_snake_case(const std::string& class_name) {
+  std::string out;
+  for (size_t i = 0; i < class_name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(class_name[i]);
+    if (std::isupper(c)) {
+      if (i > 0 && class_name[i - 1] != '_') out += '_';
+      out += static_cast<char>(std::tolower(c));
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+Layer::Layer(std::string name) : name_(std::move(name)) {}
+Layer::~Layer() = default;
+
+Tensor Layer::operator()(const Tensor& x, bool training) {
+  DTRAIN_CHECK(x.defined(), class_name(), " '", name_, "': input is undefined");
+  DTRAIN_CHECK(x.rank() >= 1, class_name(), " '", name_,
+               "': input must have a batch dimension, got shape ", x.shape().to_string());
+  const Shape per_example = x.shape().without_first();
+  if (!built_) {
+    build(per_example);
+  } else if (input_shape_ && *input_shape_ != per_example) {
+    throw InvalidArgumentError(
+        str_cat(class_name(), " '", name_, "': expected inputs of shape [batch",
+                input_shape_->rank() ? ", " : "", input_shape_->to_string().substr(1), ", got ",
+                x.shape().to_string()));
+  }
+  return call(x, training);
+}
+
+void Layer::build(const Shape& input_shape) {
+  if (built_) {
+    DTRAIN_CHECK(!input_shape_ || *input_shape_ == input_shape, class_name(), " '", name_,
+                 "': already built for input shape ", input_shape_->to_string(),
+                 ", cannot rebuild for ", input_shape.to_string());
+    return;
+  }
+  if (input_shape_) {
+    DTRAIN_CHECK(*input_shape_ == input_shape, class_name(), " '", name_,
+                 "': declared input shape ", input_shape_->to_string(), " but got ",
+                 input_shape.to_string());
+  }
+  input_shape_ = input_shape;
+  build_impl(input_shape);
+  built_ = true;
+}
+
+std::vector<Variable*> Layer::weights() {
+  std::vector<Variable*> out;
+  out.reserve(weights_.size());
+  for (auto& w : weights_) out.push_back(w.get());
+  return out;
+}
+
+std::vector<Variable*> Layer::trainable_weights() {
+  std::vector<Variable*> out;
+  if (!trainable_) return out;
+  for (Variable* v : weights()) {
+    if (v->trainable()) out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<Variable*> Layer::non_trainable_weights() {
+  std::vector<Variable*> out;
+  for (Variable* v : weights()) {
+    if (!trainable_ || !v->trainable()) out.push_back(v);
+  }
+  return out;
+}
+
+int64_t Layer::count_params() {
+  int64_t n = 0;
+  for (Variable* v : weights()) n += v->shape().num_elements();
+  return n;
+}
+
+void Layer::set_trainable(bool t) { trainable_ = t; }
+
+std::string Layer::config_json() const { return detail::base_config(*this).dump(); }
+
+Variable& Layer::add_weight(const std::string& weight_name, const Shape& shape, Initializer& init,
+                            bool trainable) {
+  weights_.push_back(std::make_unique<Variable>(name_ + "/" + weight_name, init(shape), trainable));
+  return *weights_.back();
+}
+
+namespace detail {
+
+nlohmann::json base_config(const Layer& layer) {
+  nlohmann::json c;
+  c["name"] = layer.name();
+  c["trainable"] = layer.trainable();
+  c["dtype"] = "float32";
+  return c;
+}
+
+Shape batch_shape_from_json(const nlohmann::json& j, const std::string& where) {
+  DTRAIN_CHECK(j.is_array() && !j.empty(), where, ": expected a batch shape like [null, 784], got ",
+               j.dump());
+  Shape s;
+  for (size_t i = 1; i < j.size(); ++i) {
+    DTRAIN_CHECK(j[i].is_number_integer() && j[i].get<int64_t>() >= 0, where, ": dimension ", i,
+                 " must be a non-negative integer, got ", j[i].dump());
+    s.push_back(j[i].get<int64_t>());
+  }
+  return s;
+}
+
+}  // namespace detail
+}  // namespace dtrain::nn

@@ -1,0 +1,176 @@
+// InputLayer, Dense, Flatten, Dropout, Activation.
+#include "dtrain/nn/layers.h"
+
+#include "config.h"
+#include "dtrain/autograd/functions.h"
+
+namespace dtrain::nn {
+
+using nlohmann::json;
+
+namespace {
+std::string name_or_default(const std::string& name, const char* base) {
+  return name.empty() ? unique_layer_name(base) : name;
+}
+json batch_shape_json(const Shape& s) {
+  json j = json::array({nullptr});
+  for (int64_t d : s) j.push_back(d);
+  return j;
+}
+void add_batch_input_shape(const Layer& layer, json& c) {
+  if (layer.input_shape()) c["batch_input_shape"] = batch_shape_json(*layer.input_shape());
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+InputLayer::InputLayer(const Shape& shape, InputLayerOptions options)
+    : Layer(name_or_default(options.name, "input")) {
+  set_input_shape(shape);
+  build(shape);
+}
+
+Tensor InputLayer::call(const Tensor& x, bool) { return x; }
+
+std::string InputLayer::config_json() const {
+  json c;
+  c["batch_input_shape"] = batch_shape_json(*input_shape());
+  c["dtype"] = "float32";
+  c["sparse"] = false;
+  c["ragged"] = false;
+  c["name"] = name();
+  return c.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Dense::Dense(int64_t units, DenseOptions options)
+    : Layer(name_or_default(options.name, "dense")),
+      units_(units),
+      activation_(ops::activation_from_name(options.activation)),
+      use_bias_(options.use_bias),
+      kernel_init_(initializer_from_name(options.kernel_initializer, options.seed)),
+      bias_init_(initializer_from_name(options.bias_initializer)) {
+  DTRAIN_CHECK(units > 0, "Dense: units must be positive, got ", units);
+  if (options.input_shape) {
+    set_input_shape(*options.input_shape);
+    build(*options.input_shape);
+  }
+}
+
+void Dense::build_impl(const Shape& input_shape) {
+  DTRAIN_CHECK(input_shape.rank() >= 1 && input_shape.dim(-1) > 0, "Dense '", name(),
+               "': cannot build for input shape ", input_shape.to_string(),
+               "; the last dimension must be known and positive");
+  kernel_ = &add_weight("kernel", Shape{input_shape.dim(-1), units_}, *kernel_init_);
+  if (use_bias_) bias_ = &add_weight("bias", Shape{units_}, *bias_init_);
+}
+
+Tensor Dense::call(const Tensor& x, bool) {
+  DTRAIN_CHECK(x.dim(-1) == kernel_->shape()[0], "Dense '", name(), "': input has ", x.dim(-1),
+               " features, kernel expects ", kernel_->shape()[0]);
+  const Tensor bias = bias_ ? bias_->value() : Tensor();
+  if (x.rank() == 2) return dense(x, kernel_->value(), bias, activation_);
+  // Rank > 2: fold the leading dimensions into the batch, as Keras's tensordot does.
+  const int64_t features = x.dim(-1);
+  const Tensor flat = reshape(x, Shape{x.num_elements() / features, features});
+  const Tensor y = dense(flat, kernel_->value(), bias, activation_);
+  Shape out = x.shape();
+  out[out.rank() - 1] = units_;
+  return reshape(y, out);
+}
+
+Shape Dense::compute_output_shape(const Shape& input_shape) const {
+  Shape out = input_shape;
+  if (out.rank() == 0) return Shape{units_};
+  out[out.rank() - 1] = units_;
+  return out;
+}
+
+std::string Dense::config_json() const {
+  json c = detail::base_config(*this);
+  add_batch_input_shape(*this, c);
+  c["units"] = units_;
+  c["activation"] = ops::activation_name(activation_);
+  c["use_bias"] = use_bias_;
+  c["kernel_initializer"] = {{"class_name", kernel_init_->class_name()},
+                             {"config", json::parse(kernel_init_->config_json())}};
+  c["bias_initializer"] = {{"class_name", bias_init_->class_name()},
+                           {"config", json::parse(bias_init_->config_json())}};
+  c["kernel_regularizer"] = nullptr;
+  c["bias_regularizer"] = nullptr;
+  c["activity_regularizer"] = nullptr;
+  c["kernel_constraint"] = nullptr;
+  c["bias_constraint"] = nullptr;
+  return c.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Flatten::Flatten(FlattenOptions options) : Layer(name_or_default(options.name, "flatten")) {
+  if (options.input_shape) {
+    set_input_shape(*options.input_shape);
+    build(*options.input_shape);
+  }
+}
+
+Tensor Flatten::call(const Tensor& x, bool) {
+  const int64_t batch = x.dim(0);
+  return reshape(x, Shape{batch, batch == 0 ? 0 : x.num_elements() / batch});
+}
+
+Shape Flatten::compute_output_shape(const Shape& input_shape) const {
+  return Shape{input_shape.num_elements()};
+}
+
+std::string Flatten::config_json() const {
+  json c = detail::base_config(*this);
+  add_batch_input_shape(*this, c);
+  c["data_format"] = "channels_last";
+  return c.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Dropout::Dropout(float rate, DropoutOptions options)
+    : Layer(name_or_default(options.name, "dropout")),
+      rate_(rate),
+      seed_(options.seed),
+      rng_(options.seed ? *options.seed : next_seed()) {
+  DTRAIN_CHECK(rate >= 0.0f && rate < 1.0f, "Dropout: rate must be in [0, 1), got ", rate);
+}
+
+Tensor Dropout::call(const Tensor& x, bool training) {
+  if (!training || rate_ == 0.0f) return x;
+  Tensor mask(x.shape());
+  float* pm = mask.data<float>();
+  const float keep_scale = 1.0f / (1.0f - rate_);
+  for (int64_t i = 0, n = mask.num_elements(); i < n; ++i) {
+    pm[i] = rng_.uniform() >= rate_ ? keep_scale : 0.0f;
+  }
+  return multiply(x, mask);
+}
+
+std::string Dropout::config_json() const {
+  json c = detail::base_config(*this);
+  c["rate"] = rate_;
+  c["noise_shape"] = nullptr;
+  c["seed"] = seed_ ? json(*seed_) : json(nullptr);
+  return c.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Activation::Activation(const std::string& activation, ActivationOptions options)
+    : Layer(name_or_default(options.name, "activation")),
+      activation_(ops::activation_from_name(activation)) {}
+
+Tensor Activation::call(const Tensor& x, bool) { return dtrain::activation(x, activation_); }
+
+std::string Activation::config_json() const {
+  json c = detail::base_config(*this);
+  c["activation"] = ops::activation_name(activation_);
+  return c.dump();
+}
+
+}  // namespace dtrain::nn

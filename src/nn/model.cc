@@ -1,0 +1,297 @@
+// Model, Sequential, summary() and Keras model JSON.
+#include "dtrain/nn/model.h"
+
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "config.h"
+#include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/nn/layers.h"
+
+namespace dtrain::nn {
+
+using nlohmann::json;
+
+Model::Model(std::string name) : Layer(std::move(name)) {}
+Model::~Model() = default;
+
+void Model::track(std::shared_ptr<Layer> layer, std::string attribute) {
+  DTRAIN_CHECK(layer != nullptr, "Model '", this->name(), "': cannot track a null layer");
+  for (const auto& l : layers_) {
+    DTRAIN_CHECK(l->name() != layer->name(), "Model '", this->name(), "': two layers are named '",
+                 layer->name(), "'; layer names must be unique");
+  }
+  attributes_.push_back(attribute.empty() ? layer->name() : std::move(attribute));
+  layers_.push_back(std::move(layer));
+}
+
+Layer& Model::get_layer(const std::string& name) {
+  for (auto& l : layers_) {
+    if (l->name() == name) return *l;
+  }
+  throw NotFoundError(str_cat("Model '", this->name(), "': no layer named '", name, "'"));
+}
+
+std::vector<Variable*> Model::weights() {
+  std::vector<Variable*> out = Layer::weights();
+  for (auto& l : layers_) {
+    for (Variable* v : l->weights()) out.push_back(v);
+  }
+  return out;
+}
+
+void Model::build_impl(const Shape& input_shape) {
+  NoGradGuard no_grad;
+  call(Tensor::zeros(input_shape.with_first(1)), false);
+}
+
+namespace {
+
+std::string group_thousands(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+std::string shape_with_none(const Shape& s) {
+  std::string out = "(None";
+  for (int64_t d : s) out += ", " + std::to_string(d);
+  return out + ")";
+}
+
+void summary_table(std::ostream& os, const std::string& model_name,
+                   const std::vector<std::shared_ptr<Layer>>& layers,
+                   const std::vector<std::string>& output_shapes, int64_t total,
+                   int64_t trainable) {
+  const int w1 = 29, w2 = 26, w3 = 10;
+  const std::string rule(w1 + w2 + w3, '_'), dbl(w1 + w2 + w3, '=');
+  os << "Model: \"" << model_name << "\"\n" << rule << "\n";
+  os << std::left << std::setw(w1) << " Layer (type)" << std::setw(w2) << "Output Shape"
+     << std::setw(w3) << "Param #"
+     << "\n"
+     << dbl << "\n";
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Layer& l = *layers[i];
+    os << std::left << std::setw(w1) << (" " + l.name() + " (" + l.class_name() + ")")
+       << std::setw(w2) << output_shapes[i] << std::setw(w3) << l.count_params() << "\n";
+    os << std::string(w1 + w2 + w3, ' ') << "\n";
+  }
+  os << dbl << "\n";
+  os << "Total params: " << group_thousands(total) << "\n";
+  os << "Trainable params: " << group_thousands(trainable) << "\n";
+  os << "Non-trainable params: " << group_thousands(total - trainable) << "\n" << rule << "\n";
+}
+
+int64_t count(const std::vector<Variable*>& vars) {
+  int64_t n = 0;
+  for (const Variable* v : vars) n += v->shape().num_elements();
+  return n;
+}
+
+}  // namespace
+
+void Model::summary(std::ostream& os) const {
+  auto& self = const_cast<Model&>(*this);
+  std::vector<std::string> shapes(layers_.size(), "multiple");
+  summary_table(os, name(), layers_, shapes, count(self.weights()),
+                count(self.trainable_weights()));
+}
+
+void Model::summary() const { summary(std::cout); }
+
+std::string Model::to_json() const {
+  throw UnimplementedError(str_cat("Model '", name(),
+                                   "': a subclassed model has no JSON config (its architecture "
+                                   "is C++ code); save its weights instead"));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Sequential::Sequential(std::initializer_list<LayerRef> layers, SequentialOptions options)
+    : Model(options.name.empty() ? unique_layer_name("sequential") : options.name) {
+  for (const LayerRef& l : layers) add_layer(l);
+}
+
+void Sequential::add_layer(LayerRef ref) {
+  std::shared_ptr<Layer> layer = ref.get();
+  DTRAIN_CHECK(layer != nullptr, "Sequential '", name(), "': cannot add a null layer");
+  const bool first = layers().empty();
+  track(layer);
+  if (first) {
+    // A first layer that knows its input shape fixes the model's (Keras builds eagerly then).
+    if (layer->input_shape()) build(*layer->input_shape());
+    return;
+  }
+  if (built()) {
+    // Build the new layer for the output shape of the stack so far.
+    Shape s = *input_shape();
+    for (size_t i = 0; i + 1 < layers().size(); ++i) s = layers()[i]->compute_output_shape(s);
+    layer->build(s);
+  }
+}
+
+void Sequential::build_impl(const Shape& input_shape) {
+  Shape s = input_shape;
+  for (const auto& l : layers()) {
+    l->build(s);
+    s = l->compute_output_shape(s);
+  }
+}
+
+Tensor Sequential::call(const Tensor& x, bool training) {
+  DTRAIN_CHECK(!layers().empty(), "Sequential '", name(), "': the model has no layers");
+  Tensor h = x;
+  for (const auto& l : layers()) h = (*l)(h, training);
+  return h;
+}
+
+Shape Sequential::compute_output_shape(const Shape& input_shape) const {
+  Shape s = input_shape;
+  for (const auto& l : layers()) s = l->compute_output_shape(s);
+  return s;
+}
+
+void Sequential::summary(std::ostream& os) const {
+  auto& self = const_cast<Sequential&>(*this);
+  std::vector<std::shared_ptr<Layer>> shown;
+  std::vector<std::string> shapes;
+  std::optional<Shape> s = input_shape();
+  for (const auto& l : layers()) {
+    if (s) s = l->compute_output_shape(*s);
+    if (l->class_name() == "InputLayer") continue;  // Keras does not list it
+    shown.push_back(l);
+    shapes.push_back(s ? shape_with_none(*s) : "multiple");
+  }
+  summary_table(os, name(), shown, shapes, count(self.weights()), count(self.trainable_weights()));
+}
+
+std::string Sequential::to_json() const {
+  json layers_json = json::array();
+  const auto& ls = layers();
+  // Keras ≥ 2.4 writes an explicit InputLayer first when the input shape is known.
+  if (input_shape() && (ls.empty() || ls.front()->class_name() != "InputLayer")) {
+    json in;
+    json shape = json::array({nullptr});
+    for (int64_t d : *input_shape()) shape.push_back(d);
+    in["batch_input_shape"] = shape;
+    in["dtype"] = "float32";
+    in["sparse"] = false;
+    in["ragged"] = false;
+    in["name"] = (ls.empty() ? std::string("input") : ls.front()->name()) + "_input";
+    layers_json.push_back({{"class_name", "InputLayer"}, {"config", in}});
+  }
+  for (const auto& l : ls) {
+    layers_json.push_back(
+        {{"class_name", l->class_name()}, {"config", json::parse(l->config_json())}});
+  }
+  json j;
+  j["class_name"] = "Sequential";
+  j["config"] = {{"name", name()}, {"layers", layers_json}};
+  j["keras_version"] = "2.12.0";
+  j["backend"] = "tensorflow";
+  return j.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string str_field(const json& c, const char* key, const std::string& where,
+                      const std::string& fallback = {}) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  DTRAIN_CHECK(c[key].is_string(), where, ".", key, ": expected a string, got ", c[key].dump());
+  return c[key].get<std::string>();
+}
+
+std::string initializer_json(const json& c, const char* key, const char* fallback) {
+  if (!c.contains(key) || c[key].is_null()) return json(fallback).dump();
+  return c[key].dump();
+}
+
+std::shared_ptr<Layer> layer_from_json(const json& lj, const std::string& where) {
+  DTRAIN_CHECK(lj.is_object() && lj.contains("class_name") && lj["class_name"].is_string(), where,
+               ": expected {\"class_name\": ..., \"config\": ...}");
+  const std::string cls = lj["class_name"].get<std::string>();
+  const json c = lj.value("config", json::object());
+  DTRAIN_CHECK(c.is_object(), where, ".config: expected an object");
+  const std::string name = str_field(c, "name", where);
+  std::optional<Shape> input_shape;
+  if (c.contains("batch_input_shape") && !c["batch_input_shape"].is_null()) {
+    input_shape =
+        detail::batch_shape_from_json(c["batch_input_shape"], where + ".batch_input_shape");
+  }
+  std::shared_ptr<Layer> layer;
+  if (cls == "InputLayer") {
+    DTRAIN_CHECK(input_shape.has_value(), where, ": InputLayer without batch_input_shape");
+    layer = std::make_shared<InputLayer>(*input_shape, InputLayerOptions{.name = name});
+  } else if (cls == "Dense") {
+    DTRAIN_CHECK(c.contains("units") && c["units"].is_number_integer(), where,
+                 ".units: expected an integer");
+    const std::string act = str_field(c, "activation", where, "linear");
+    auto dense = std::make_shared<Dense>(
+        c["units"].get<int64_t>(),
+        DenseOptions{.activation = act, .use_bias = c.value("use_bias", true), .name = name});
+    // Initializers only matter for unbuilt weights; honour them when given.
+    (void)initializer_json(c, "kernel_initializer", "glorot_uniform");
+    if (input_shape) dense->build(*input_shape);
+    layer = dense;
+  } else if (cls == "Flatten") {
+    layer = std::make_shared<Flatten>(FlattenOptions{.input_shape = input_shape, .name = name});
+  } else if (cls == "Dropout") {
+    DTRAIN_CHECK(c.contains("rate") && c["rate"].is_number(), where, ".rate: expected a number");
+    std::optional<uint64_t> seed;
+    if (c.contains("seed") && c["seed"].is_number_integer()) seed = c["seed"].get<uint64_t>();
+    layer = std::make_shared<Dropout>(c["rate"].get<float>(),
+                                      DropoutOptions{.seed = seed, .name = name});
+  } else if (cls == "Activation") {
+    layer = std::make_shared<Activation>(str_field(c, "activation", where, "linear"),
+                                         ActivationOptions{.name = name});
+  } else {
+    throw InvalidArgumentError(str_cat(where, ": unknown layer class '", cls,
+                                       "' (supported: InputLayer, Dense, Flatten, Dropout, "
+                                       "Activation)"));
+  }
+  if (c.contains("trainable") && c["trainable"].is_boolean()) {
+    layer->set_trainable(c["trainable"].get<bool>());
+  }
+  return layer;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> model_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgumentError(str_cat("model_from_json: invalid JSON: ", e.what()));
+  }
+  DTRAIN_CHECK(j.is_object() && j.contains("class_name") && j["class_name"].is_string(),
+               "model_from_json: expected {\"class_name\": \"Sequential\", \"config\": ...}");
+  const std::string cls = j["class_name"].get<std::string>();
+  DTRAIN_CHECK(cls == "Sequential", "model_from_json: model class '", cls,
+               "' is not supported (only Sequential models can be rebuilt from JSON)");
+  DTRAIN_CHECK(j.contains("config"), "model_from_json: missing \"config\"");
+  const json& config = j["config"];
+  // Keras < 2.3 wrote the layer list itself as the config.
+  const json& layers = config.is_array() ? config : config.value("layers", json());
+  DTRAIN_CHECK(layers.is_array(), "model_from_json: config.layers must be a list");
+  const std::string name = config.is_object() ? config.value("name", std::string()) : std::string();
+  auto model = std::make_unique<Sequential>(std::initializer_list<LayerRef>{},
+                                            SequentialOptions{.name = name});
+  for (size_t i = 0; i < layers.size(); ++i) {
+    auto layer = layer_from_json(layers[i], str_cat("model_from_json: layers[", i, "]"));
+    if (layer->class_name() == "InputLayer") {
+      // The input layer only declares the shape; the model keeps it.
+      DTRAIN_CHECK(model->layers().empty(), "model_from_json: layers[", i,
+                   "]: InputLayer must come first");
+      model->build(*layer->input_shape());
+      continue;
+    }
+    model->add_layer(layer);
+  }
+  return model;
+}
+
+}  // namespace dtrain::nn

@@ -152,7 +152,7 @@ class ShuffleIterator final : public IteratorNode {
         rng_(node.reshuffle_ ? mix_seed(node.seed_, pass) : node.seed_),
         buffer_size_(node.buffer_size_) {
     const int64_t n = node.input_->cardinality();
-    reserve_slots_ = n >= 0 ? std::min(n, buffer_size_) : std::min<int64_t>(buffer_size_, 1 << 20);
+    reserve_slots_ = n >= 0 ? std::min(n, buffer_size_) : std::min<int64_t>(buffer_size_, 1 << 16);
   }
 
   bool next(Element& out) override { return advance(&out); }

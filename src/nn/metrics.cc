@@ -1,0 +1,238 @@
+// Keras metrics; see dtrain/nn/metrics.h. Raw loops over the values, never recorded on a tape.
+#include "dtrain/nn/metrics.h"
+
+#include <vector>
+
+#include "dtrain/core/error.h"
+#include "dtrain/nn/losses.h"
+#include "dtrain/ops/tensor_ops.h"
+
+namespace dtrain::nn {
+namespace {
+
+void check_defined(const Tensor& t, const std::string& metric, const char* what) {
+  DTRAIN_CHECK(t.defined(), metric, ": ", what, " is undefined");
+}
+
+[[noreturn]] void throw_shape_mismatch(const std::string& metric, const Tensor& y_true,
+                                       const Tensor& y_pred, const std::string& expected) {
+  throw InvalidArgumentError(str_cat(metric, ": y_true ", y_true.shape().to_string(),
+                                     " does not match y_pred ", y_pred.shape().to_string(), " (",
+                                     expected, ")"));
+}
+
+Shape drop_last(const Shape& s) {
+  Shape out;
+  for (int i = 0; i + 1 < s.rank(); ++i) out.push_back(s[i]);
+  return out;
+}
+
+Shape with_last_one(const Shape& s) {
+  Shape out = s;
+  out.push_back(1);
+  return out;
+}
+
+// Same shape, or [B] against [B, 1] (Keras's squeeze_or_expand_dimensions).
+bool same_up_to_trailing_one(const Shape& a, const Shape& b) {
+  if (a == b) return true;
+  if (a.rank() + 1 == b.rank()) return b.dim(-1) == 1 && drop_last(b) == a;
+  if (b.rank() + 1 == a.rank()) return a.dim(-1) == 1 && drop_last(a) == b;
+  return false;
+}
+
+// The elements of any numeric tensor as doubles (labels and predictions are compared exactly,
+// as Keras compares after casting to floatx).
+std::vector<double> as_doubles(const Tensor& t, const std::string& metric) {
+  DTRAIN_CHECK(t.dtype() != DType::kString && t.dtype() != DType::kInvalid, metric,
+               ": expected a numeric tensor, got ", dtype_name(t.dtype()));
+  return ops::cast(t, DType::kFloat64).to_vector<double>();
+}
+
+// Index of the largest element of row r of x [rows, cols]; the first index wins ties (tf.argmax).
+int64_t row_argmax(const double* x, int64_t cols) {
+  int64_t best = 0;
+  for (int64_t c = 1; c < cols; ++c) {
+    if (x[c] > x[best]) best = c;
+  }
+  return best;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Mean.
+
+void Mean::update_state(double value, double weight) {
+  total_ += value * weight;
+  count_ += weight;
+}
+
+void Mean::update_state(const Tensor& values) {
+  check_defined(values, name(), "values");
+  for (double v : as_doubles(values, name())) total_ += v;
+  count_ += static_cast<double>(values.num_elements());
+}
+
+void Mean::update_state(const Tensor& /*y_true*/, const Tensor& y_pred) { update_state(y_pred); }
+
+// ---------------------------------------------------------------------------------------------
+// Accuracies.
+
+void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+  check_defined(y_true, name(), "y_true");
+  check_defined(y_pred, name(), "y_pred");
+  DTRAIN_CHECK(y_pred.rank() >= 1 && y_pred.dim(-1) > 0, name(),
+               ": y_pred must be [batch, classes], got ", y_pred.shape().to_string());
+  const Shape outer = drop_last(y_pred.shape());
+  if (y_true.shape() != outer && y_true.shape() != with_last_one(outer)) {
+    throw_shape_mismatch(name(), y_true, y_pred,
+                         str_cat("expected labels of shape ", outer.to_string(), " or ",
+                                 with_last_one(outer).to_string()));
+  }
+  const int64_t classes = y_pred.dim(-1), rows = outer.num_elements();
+  const std::vector<double> p = as_doubles(y_pred, name());
+  double matches = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    // label_at gives −1 for a non-integral float label, which never matches.
+    matches += ops::label_at(y_true, r) == row_argmax(p.data() + r * classes, classes) ? 1 : 0;
+  }
+  add(matches, static_cast<double>(rows));
+}
+
+void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+  check_defined(y_true, name(), "y_true");
+  check_defined(y_pred, name(), "y_pred");
+  if (y_true.shape() != y_pred.shape()) {
+    throw_shape_mismatch(name(), y_true, y_pred, "expected the same shape [batch, classes]");
+  }
+  DTRAIN_CHECK(y_pred.rank() >= 1 && y_pred.dim(-1) > 0, name(),
+               ": y_pred must be [batch, classes], got ", y_pred.shape().to_string());
+  const int64_t classes = y_pred.dim(-1), rows = y_pred.num_elements() / classes;
+  const std::vector<double> t = as_doubles(y_true, name());
+  const std::vector<double> p = as_doubles(y_pred, name());
+  double matches = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    matches +=
+        row_argmax(t.data() + r * classes, classes) == row_argmax(p.data() + r * classes, classes)
+            ? 1
+            : 0;
+  }
+  add(matches, static_cast<double>(rows));
+}
+
+void BinaryAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+  check_defined(y_true, name(), "y_true");
+  check_defined(y_pred, name(), "y_pred");
+  if (!same_up_to_trailing_one(y_true.shape(), y_pred.shape())) {
+    throw_shape_mismatch(name(), y_true, y_pred, "expected the same shape");
+  }
+  const std::vector<double> t = as_doubles(y_true, name());
+  const std::vector<double> p = as_doubles(y_pred, name());
+  // A rank-1 y_pred is B examples of one value; otherwise each row of the last axis is one.
+  const int64_t n = y_pred.num_elements();
+  const int64_t per_row = y_pred.rank() >= 2 ? y_pred.dim(-1) : 1;
+  if (n == 0 || per_row == 0) return;
+  const int64_t rows = n / per_row;
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t hits = 0;
+    for (int64_t k = 0; k < per_row; ++k) {
+      const int64_t i = r * per_row + k;
+      const double predicted = p[i] > options_.threshold ? 1.0 : 0.0;
+      hits += predicted == t[i] ? 1 : 0;
+    }
+    total += per_row == 1 ? static_cast<double>(hits)
+                          : static_cast<double>(hits) / static_cast<double>(per_row);
+  }
+  add(total, static_cast<double>(rows));
+}
+
+void Accuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+  check_defined(y_true, name(), "y_true");
+  check_defined(y_pred, name(), "y_pred");
+  if (!same_up_to_trailing_one(y_true.shape(), y_pred.shape())) {
+    throw_shape_mismatch(name(), y_true, y_pred, "expected the same shape");
+  }
+  const std::vector<double> t = as_doubles(y_true, name());
+  const std::vector<double> p = as_doubles(y_pred, name());
+  double matches = 0;
+  for (size_t i = 0; i < p.size(); ++i) matches += t[i] == p[i] ? 1 : 0;
+  add(matches, static_cast<double>(p.size()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolution by name.
+
+namespace {
+
+// "accuracy" with no crossentropy loss to go by: resolved on the first batch by the rule of
+// Keras's compile_utils.MetricsContainer._get_metric_object, then fixed (reset keeps it).
+class ShapeResolvedAccuracy : public Metric {
+ public:
+  using Metric::Metric;
+  void update_state(const Tensor& y_true, const Tensor& y_pred) override {
+    if (!inner_) {
+      check_defined(y_true, name(), "y_true");
+      check_defined(y_pred, name(), "y_pred");
+      DTRAIN_CHECK(y_pred.rank() >= 1, name(), ": y_pred must have a rank of at least 1, got ",
+                   y_pred.shape().to_string());
+      const int64_t p_last = y_pred.dim(-1);
+      const int64_t t_last = y_true.rank() >= 1 ? y_true.dim(-1) : 1;
+      const bool is_binary = p_last == 1;
+      const bool is_sparse = y_true.rank() < y_pred.rank() || (t_last == 1 && p_last > 1);
+      if (is_binary) {
+        inner_ = std::make_unique<BinaryAccuracy>(name());
+      } else if (is_sparse) {
+        inner_ = std::make_unique<SparseCategoricalAccuracy>(name());
+      } else {
+        inner_ = std::make_unique<CategoricalAccuracy>(name());
+      }
+    }
+    inner_->update_state(y_true, y_pred);
+  }
+  double result() const override { return inner_ ? inner_->result() : 0.0; }
+  void reset_state() override {
+    if (inner_) inner_->reset_state();
+  }
+
+ private:
+  std::unique_ptr<Metric> inner_;
+};
+
+constexpr const char* kKnownMetrics =
+    "\"accuracy\", \"acc\", \"sparse_categorical_accuracy\", \"categorical_accuracy\", "
+    "\"binary_accuracy\" (or the Keras class names SparseCategoricalAccuracy, "
+    "CategoricalAccuracy, BinaryAccuracy, Accuracy, Mean)";
+
+}  // namespace
+
+std::shared_ptr<Metric> metric_from_name(const std::string& name, const Loss* loss) {
+  if (name == "accuracy" || name == "acc") {
+    if (dynamic_cast<const SparseCategoricalCrossentropy*>(loss) != nullptr) {
+      return std::make_shared<SparseCategoricalAccuracy>(name);
+    }
+    if (dynamic_cast<const CategoricalCrossentropy*>(loss) != nullptr) {
+      return std::make_shared<CategoricalAccuracy>(name);
+    }
+    if (dynamic_cast<const BinaryCrossentropy*>(loss) != nullptr) {
+      return std::make_shared<BinaryAccuracy>(name);
+    }
+    return std::make_shared<ShapeResolvedAccuracy>(name);
+  }
+  if (name == "sparse_categorical_accuracy" || name == "SparseCategoricalAccuracy") {
+    return std::make_shared<SparseCategoricalAccuracy>();
+  }
+  if (name == "categorical_accuracy" || name == "CategoricalAccuracy") {
+    return std::make_shared<CategoricalAccuracy>();
+  }
+  if (name == "binary_accuracy" || name == "BinaryAccuracy") {
+    return std::make_shared<BinaryAccuracy>();
+  }
+  if (name == "Accuracy") return std::make_shared<Accuracy>();
+  if (name == "Mean") return std::make_shared<Mean>();
+  throw InvalidArgumentError(
+      str_cat("metric_from_name: unknown metric \"", name, "\"; known metrics: ", kKnownMetrics));
+}
+
+}  // namespace dtrain::nn

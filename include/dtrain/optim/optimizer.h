@@ -1,0 +1,141 @@
+// Optimizer: the base of dtrain's optimizers, with the semantics of Keras >= 2.11
+// (tf.keras.optimizers.Optimizer, the "new" optimizers): an int64 "iteration" counter, slot
+// variables created per model variable and named "<OptName>/<slot>/<variable name>", an optional
+// learning-rate schedule evaluated at the step count before each update, and decoupled weight
+// decay. An optimizer is not thread-safe: one thread calls apply_gradients at a time (replicas
+// all-reduce gradients first and then apply the same update).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/core/tensor.h"
+#include "dtrain/optim/schedules.h"
+
+namespace dtrain::optim {
+
+// An optimizer's Keras config: class name, name, and hyperparameters under Keras's config keys
+// in Keras's order (booleans as 0/1; weight_decay 0 means None). When the learning rate is a
+// schedule, "learning_rate" is absent and `learning_rate_schedule` holds the schedule's config.
+struct OptimizerConfig {
+  std::string class_name;  // "SGD", "Adam", "AdamW", "RMSprop"
+  std::string name;        // the optimizer's name(); empty means the class's default
+  std::vector<std::pair<std::string, double>> hyperparameters;
+  std::shared_ptr<const ScheduleConfig> learning_rate_schedule = nullptr;
+
+  // The value under `key`, or nullptr.
+  const double* find(std::string_view key) const;
+};
+
+class Optimizer {
+ public:
+  // Most slots any optimizer keeps per variable (Adam with amsgrad: m, v, vhat).
+  static constexpr int kMaxSlots = 3;
+
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Applies one update: for each i, updates *vars[i] with grads[i], then increments
+  // iterations(). An undefined grads[i] skips vars[i] (TF does the same for None gradients).
+  // Creates missing slots first (as build(vars)); after that it allocates nothing. Checks every
+  // argument before changing anything; throws InvalidArgumentError when the sizes differ, a
+  // variable is null or not float32, a gradient's dtype or shape differs from its variable's
+  // (naming the variable and both shapes), or every gradient is undefined. Each variable may
+  // appear once.
+  void apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
+
+  // Creates the slot variables (zeros, non-trainable) of each variable that has none yet, slot
+  // by slot as Keras does (all "m", then all "v"), so a checkpoint can be restored into them
+  // before the first step. Throws InvalidArgumentError for a null or non-float32 variable.
+  void build(std::span<Variable* const> vars);
+
+  // Number of updates applied so far.
+  int64_t iterations() const;
+  // The int64 scalar variable "iteration" (non-trainable) that holds iterations(), for
+  // checkpoints.
+  Variable& iterations_variable() { return iterations_; }
+
+  // The learning rate the next update uses: the schedule evaluated at iterations() when there is
+  // one, else the constant.
+  float learning_rate() const;
+  // Sets a constant learning rate (dropping any schedule).
+  void set_learning_rate(float learning_rate);
+  // Makes the learning rate follow `schedule` (throws InvalidArgumentError if null).
+  void set_learning_rate_schedule(std::shared_ptr<LearningRateSchedule> schedule);
+  // The schedule, or nullptr when the learning rate is constant.
+  const std::shared_ptr<LearningRateSchedule>& learning_rate_schedule() const { return schedule_; }
+
+  // "Adam", "SGD", ... (the options' name).
+  const std::string& name() const { return name_; }
+  // The names of the slots each variable gets, in creation order ({"m", "v"} for Adam).
+  std::vector<std::string> slot_names() const { return slot_names_; }
+  // The slot `slot_name` of `var`, or nullptr when build() has not seen `var` or the optimizer
+  // keeps no such slot.
+  Variable* slot(const Variable& var, std::string_view slot_name);
+  // "iteration" first, then every slot variable in creation order, like Keras's
+  // optimizer.variables().
+  std::vector<Variable*> variables();
+
+  // The Keras config of this optimizer; optimizer_from_config() rebuilds an equal one (without
+  // its state: iterations and slots).
+  virtual OptimizerConfig get_config() const = 0;
+
+ protected:
+  // Per-update values a subclass's update_step reads.
+  struct StepContext {
+    int64_t step;  // iterations() before this update (Keras's local_step is step + 1)
+    float lr;      // learning rate at `step`
+  };
+
+  // `slot_names` are the slots each variable gets, at most kMaxSlots. A subclass whose kernel
+  // applies weight decay itself passes fuses_weight_decay = true; otherwise apply_gradients
+  // applies var ← var − var·weight_decay·lr before update_step.
+  Optimizer(std::string name, double learning_rate, double weight_decay,
+            std::vector<std::string> slot_names, bool fuses_weight_decay = false);
+
+  // Updates one variable, var and g [n], whose slots (in slot_names() order) are `slots`.
+  // Must not allocate.
+  virtual void update_step(const StepContext& ctx, float* var, const float* g, int64_t n,
+                           float* const* slots) = 0;
+
+  double weight_decay() const { return weight_decay_; }
+  // Adds "learning_rate" (constant only) to `config`, or sets its schedule.
+  void add_learning_rate_to_config(OptimizerConfig& config) const;
+
+ private:
+  struct SlotSet {
+    std::array<Variable*, kMaxSlots> variables{};
+    std::array<float*, kMaxSlots> data{};
+  };
+
+  std::string name_;
+  double learning_rate_;  // used when schedule_ is null
+  std::shared_ptr<LearningRateSchedule> schedule_;
+  double weight_decay_;
+  bool fuses_weight_decay_;
+  std::vector<std::string> slot_names_;
+  Variable iterations_;
+  std::unordered_map<int64_t, SlotSet> slots_;             // by Variable::id()
+  std::vector<std::unique_ptr<Variable>> slot_variables_;  // creation order
+};
+
+// Builds the optimizer a config describes (class names as Keras spells them, any case).
+// Hyperparameters absent from the config take their Keras defaults. Throws
+// InvalidArgumentError for an unknown class name (listing the known ones), an unknown
+// hyperparameter key, or an invalid value.
+std::unique_ptr<Optimizer> optimizer_from_config(const OptimizerConfig& config);
+
+// An optimizer with Keras's defaults from Keras's string identifiers "sgd", "adam", "adamw",
+// "rmsprop" (any case). Throws InvalidArgumentError listing the known names otherwise.
+std::unique_ptr<Optimizer> optimizer_from_name(const std::string& name);
+
+}  // namespace dtrain::optim

@@ -1,0 +1,67 @@
+// Learning-rate schedules, as keras.optimizers.schedules: a schedule maps the optimizer's step
+// count (iterations before the update) to a learning rate. Schedules are immutable after
+// construction, so one schedule may be shared by several optimizers and threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtrain::optim {
+
+// A schedule's Keras config: its class name and its arguments in Keras's order. Scalars are in
+// `scalars` (booleans as 0/1), lists in `lists`.
+struct ScheduleConfig {
+  std::string class_name;                                               // "ExponentialDecay"
+  std::vector<std::pair<std::string, double>> scalars;                  // ("decay_steps", 1000)
+  std::vector<std::pair<std::string, std::vector<double>>> lists = {};  // ("boundaries", {..})
+};
+
+class LearningRateSchedule {
+ public:
+  virtual ~LearningRateSchedule() = default;
+  // The learning rate at `step` (0 for the first update). Does not allocate.
+  virtual float operator()(int64_t step) const = 0;
+  // The Keras config that schedule_from_config() turns back into an equal schedule.
+  virtual ScheduleConfig get_config() const = 0;
+};
+
+// initial_learning_rate · decay_rate^(step / decay_steps), with the exponent floored when
+// `staircase` (keras.optimizers.schedules.ExponentialDecay). Throws InvalidArgumentError when
+// decay_steps <= 0.
+class ExponentialDecay final : public LearningRateSchedule {
+ public:
+  ExponentialDecay(double initial_learning_rate, int64_t decay_steps, double decay_rate,
+                   bool staircase = false);
+  float operator()(int64_t step) const override;
+  ScheduleConfig get_config() const override;
+
+ private:
+  double initial_learning_rate_;
+  int64_t decay_steps_;
+  double decay_rate_;
+  bool staircase_;
+};
+
+// values[0] while step <= boundaries[0], values[i] while boundaries[i-1] < step <=
+// boundaries[i], values.back() after the last boundary (keras PiecewiseConstantDecay). Throws
+// InvalidArgumentError unless values.size() == boundaries.size() + 1 and the boundaries are
+// non-decreasing.
+class PiecewiseConstantDecay final : public LearningRateSchedule {
+ public:
+  PiecewiseConstantDecay(std::vector<int64_t> boundaries, std::vector<double> values);
+  float operator()(int64_t step) const override;
+  ScheduleConfig get_config() const override;
+
+ private:
+  std::vector<int64_t> boundaries_;
+  std::vector<double> values_;
+};
+
+// Builds the schedule a ScheduleConfig describes. Throws InvalidArgumentError for an unknown
+// class name (listing the known ones), a missing or unknown argument, or invalid values.
+std::shared_ptr<LearningRateSchedule> schedule_from_config(const ScheduleConfig& config);
+
+}  // namespace dtrain::optim

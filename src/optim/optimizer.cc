@@ -1,0 +1,267 @@
+// Optimizer base: argument checks, slot creation and bookkeeping, learning rate and schedule,
+// the iteration counter, and the factories. The per-variable math lives in the subclasses and
+// the fused kernels of dtrain/ops/optimizer_kernels.h.
+#include "dtrain/optim/optimizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include "dtrain/core/error.h"
+#include "dtrain/ops/optimizer_kernels.h"
+#include "dtrain/optim/adam.h"
+#include "dtrain/optim/rmsprop.h"
+#include "dtrain/optim/sgd.h"
+
+namespace dtrain::optim {
+namespace {
+
+Tensor int64_scalar_zero() {
+  Tensor t(DType::kInt64, Shape{});
+  t.data<int64_t>()[0] = 0;
+  return t;
+}
+
+}  // namespace
+
+const double* OptimizerConfig::find(std::string_view key) const {
+  for (const auto& [k, v] : hyperparameters) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+Optimizer::Optimizer(std::string name, double learning_rate, double weight_decay,
+                     std::vector<std::string> slot_names, bool fuses_weight_decay)
+    : name_(std::move(name)),
+      learning_rate_(learning_rate),
+      weight_decay_(weight_decay),
+      fuses_weight_decay_(fuses_weight_decay),
+      slot_names_(std::move(slot_names)),
+      iterations_("iteration", int64_scalar_zero(), /*trainable=*/false) {
+  DTRAIN_CHECK(std::isfinite(learning_rate), name_, ": learning_rate must be finite, got ",
+               learning_rate);
+  DTRAIN_CHECK(std::isfinite(weight_decay) && weight_decay >= 0.0, name_,
+               ": weight_decay must be finite and >= 0, got ", weight_decay);
+  DTRAIN_INTERNAL_CHECK(slot_names_.size() <= static_cast<size_t>(kMaxSlots));
+}
+
+Optimizer::~Optimizer() = default;
+
+int64_t Optimizer::iterations() const { return iterations_.tensor().data<int64_t>()[0]; }
+
+float Optimizer::learning_rate() const {
+  return schedule_ ? (*schedule_)(iterations()) : static_cast<float>(learning_rate_);
+}
+
+void Optimizer::set_learning_rate(float learning_rate) {
+  DTRAIN_CHECK(std::isfinite(learning_rate), name_, ": learning_rate must be finite, got ",
+               learning_rate);
+  learning_rate_ = learning_rate;
+  schedule_.reset();
+}
+
+void Optimizer::set_learning_rate_schedule(std::shared_ptr<LearningRateSchedule> schedule) {
+  DTRAIN_CHECK(schedule != nullptr, name_, ": set_learning_rate_schedule given a null schedule");
+  schedule_ = std::move(schedule);
+}
+
+void Optimizer::build(std::span<Variable* const> vars) {
+  for (size_t i = 0; i < vars.size(); ++i) {
+    DTRAIN_CHECK(vars[i] != nullptr, name_, ": variable ", i, " is null");
+    DTRAIN_CHECK(vars[i]->dtype() == DType::kFloat32, name_, ": variable '", vars[i]->name(),
+                 "' is ", dtype_name(vars[i]->dtype()), "; optimizers update float32 variables");
+  }
+  // Keras creates slots slot by slot: every variable's "m", then every variable's "v".
+  std::vector<Variable*> fresh;
+  for (Variable* var : vars) {
+    if (slots_.count(var->id()) == 0 && std::find(fresh.begin(), fresh.end(), var) == fresh.end()) {
+      fresh.push_back(var);
+    }
+  }
+  for (Variable* var : fresh) slots_.emplace(var->id(), SlotSet{});
+  for (size_t s = 0; s < slot_names_.size(); ++s) {
+    for (Variable* var : fresh) {
+      auto slot = std::make_unique<Variable>(str_cat(name_, "/", slot_names_[s], "/", var->name()),
+                                             Tensor::zeros(var->shape()), /*trainable=*/false);
+      SlotSet& set = slots_.at(var->id());
+      set.variables[s] = slot.get();
+      set.data[s] = slot->tensor().data<float>();
+      slot_variables_.push_back(std::move(slot));
+    }
+  }
+}
+
+void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+  DTRAIN_CHECK(grads.size() == vars.size(), name_, ".apply_gradients: ", grads.size(),
+               " gradients for ", vars.size(), " variables");
+  bool any_gradient = false;
+  bool all_built = true;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    const Variable* var = vars[i];
+    DTRAIN_CHECK(var != nullptr, name_, ".apply_gradients: variable ", i, " is null");
+    DTRAIN_CHECK(var->dtype() == DType::kFloat32, name_, ".apply_gradients: variable '",
+                 var->name(), "' is ", dtype_name(var->dtype()),
+                 "; optimizers update float32 variables");
+    all_built = all_built && slots_.count(var->id()) != 0;
+    const Tensor& g = grads[i];
+    if (!g.defined()) continue;
+    any_gradient = true;
+    DTRAIN_CHECK(g.dtype() == DType::kFloat32, name_, ".apply_gradients: gradient for variable '",
+                 var->name(), "' is ", dtype_name(g.dtype()), ", expected float32");
+    DTRAIN_CHECK(g.shape() == var->shape(), name_, ".apply_gradients: gradient for variable '",
+                 var->name(), "' has shape ", g.shape().to_string(), " but the variable has shape ",
+                 var->shape().to_string());
+  }
+  if (!any_gradient) {
+    std::string names;
+    for (const Variable* var : vars) names += str_cat(names.empty() ? "" : ", ", var->name());
+    throw InvalidArgumentError(
+        str_cat(name_, ".apply_gradients: no gradients provided for any variable: [", names, "]"));
+  }
+  if (!all_built) build(vars);
+
+  const StepContext ctx{iterations(), learning_rate()};
+  const float wd_lr = static_cast<float>(weight_decay_ * ctx.lr);
+  for (size_t i = 0; i < vars.size(); ++i) {
+    const Tensor& g = grads[i];
+    if (!g.defined()) continue;
+    Variable* var = vars[i];
+    float* x = var->tensor().data<float>();
+    const int64_t n = var->tensor().num_elements();
+    if (weight_decay_ > 0.0 && !fuses_weight_decay_) ops::weight_decay_update(x, n, wd_lr);
+    update_step(ctx, x, g.data<float>(), n, slots_.find(var->id())->second.data.data());
+  }
+  iterations_.tensor().data<int64_t>()[0] += 1;
+}
+
+Variable* Optimizer::slot(const Variable& var, std::string_view slot_name) {
+  const auto it = slots_.find(var.id());
+  if (it == slots_.end()) return nullptr;
+  for (size_t s = 0; s < slot_names_.size(); ++s) {
+    if (slot_names_[s] == slot_name) return it->second.variables[s];
+  }
+  return nullptr;
+}
+
+std::vector<Variable*> Optimizer::variables() {
+  std::vector<Variable*> out;
+  out.reserve(1 + slot_variables_.size());
+  out.push_back(&iterations_);
+  for (const auto& v : slot_variables_) out.push_back(v.get());
+  return out;
+}
+
+void Optimizer::add_learning_rate_to_config(OptimizerConfig& config) const {
+  if (schedule_) {
+    config.learning_rate_schedule = std::make_shared<ScheduleConfig>(schedule_->get_config());
+  } else {
+    config.hyperparameters.emplace_back("learning_rate", learning_rate_);
+  }
+}
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+constexpr const char* kKnownNames = "sgd, adam, adamw, rmsprop";
+
+// Reads a config's hyperparameters into options, rejecting keys outside `known`.
+class ConfigReader {
+ public:
+  ConfigReader(const OptimizerConfig& config, std::initializer_list<const char*> known)
+      : config_(config) {
+    for (const auto& [key, value] : config.hyperparameters) {
+      DTRAIN_CHECK(std::any_of(known.begin(), known.end(), [&](const char* k) { return key == k; }),
+                   "optimizer_from_config: ", config.class_name, " has no hyperparameter '", key,
+                   "'");
+    }
+  }
+  void read(const char* key, double& out) const {
+    if (const double* v = config_.find(key)) out = *v;
+  }
+  void read(const char* key, bool& out) const {
+    if (const double* v = config_.find(key)) out = *v != 0.0;
+  }
+  void read_name(std::string& out) const {
+    if (!config_.name.empty()) out = config_.name;
+  }
+
+ private:
+  const OptimizerConfig& config_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> optimizer_from_config(const OptimizerConfig& config) {
+  const std::string kind = lower(config.class_name);
+  std::unique_ptr<Optimizer> opt;
+  if (kind == "sgd") {
+    SGDOptions o;
+    ConfigReader r(config, {"learning_rate", "momentum", "nesterov", "weight_decay"});
+    r.read("learning_rate", o.learning_rate);
+    r.read("momentum", o.momentum);
+    r.read("nesterov", o.nesterov);
+    r.read("weight_decay", o.weight_decay);
+    r.read_name(o.name);
+    opt = std::make_unique<SGD>(o);
+  } else if (kind == "adam") {
+    AdamOptions o;
+    ConfigReader r(config,
+                   {"learning_rate", "beta_1", "beta_2", "epsilon", "amsgrad", "weight_decay"});
+    r.read("learning_rate", o.learning_rate);
+    r.read("beta_1", o.beta_1);
+    r.read("beta_2", o.beta_2);
+    r.read("epsilon", o.epsilon);
+    r.read("amsgrad", o.amsgrad);
+    r.read("weight_decay", o.weight_decay);
+    r.read_name(o.name);
+    opt = std::make_unique<Adam>(o);
+  } else if (kind == "adamw") {
+    AdamWOptions o;
+    ConfigReader r(config,
+                   {"learning_rate", "weight_decay", "beta_1", "beta_2", "epsilon", "amsgrad"});
+    r.read("learning_rate", o.learning_rate);
+    r.read("weight_decay", o.weight_decay);
+    r.read("beta_1", o.beta_1);
+    r.read("beta_2", o.beta_2);
+    r.read("epsilon", o.epsilon);
+    r.read("amsgrad", o.amsgrad);
+    r.read_name(o.name);
+    opt = std::make_unique<AdamW>(o);
+  } else if (kind == "rmsprop") {
+    RMSpropOptions o;
+    ConfigReader r(config,
+                   {"learning_rate", "rho", "momentum", "epsilon", "centered", "weight_decay"});
+    r.read("learning_rate", o.learning_rate);
+    r.read("rho", o.rho);
+    r.read("momentum", o.momentum);
+    r.read("epsilon", o.epsilon);
+    r.read("centered", o.centered);
+    r.read("weight_decay", o.weight_decay);
+    r.read_name(o.name);
+    opt = std::make_unique<RMSprop>(o);
+  } else {
+    throw InvalidArgumentError(str_cat("optimizer_from_config: unknown optimizer class '",
+                                       config.class_name, "'; known: SGD, Adam, AdamW, RMSprop"));
+  }
+  if (config.learning_rate_schedule) {
+    opt->set_learning_rate_schedule(schedule_from_config(*config.learning_rate_schedule));
+  }
+  return opt;
+}
+
+std::unique_ptr<Optimizer> optimizer_from_name(const std::string& name) {
+  const std::string kind = lower(name);
+  if (kind == "sgd") return std::make_unique<SGD>();
+  if (kind == "adam") return std::make_unique<Adam>();
+  if (kind == "adamw") return std::make_unique<AdamW>();
+  if (kind == "rmsprop") return std::make_unique<RMSprop>();
+  throw InvalidArgumentError(
+      str_cat("optimizer_from_name: unknown optimizer '", name, "'; known: ", kKnownNames));
+}
+
+}  // namespace dtrain::optim

@@ -1,0 +1,129 @@
+// Learning-rate schedules with Keras's formulas, evaluated in double and rounded to float once.
+#include "dtrain/optim/schedules.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::optim {
+
+ExponentialDecay::ExponentialDecay(double initial_learning_rate, int64_t decay_steps,
+                                   double decay_rate, bool staircase)
+    : initial_learning_rate_(initial_learning_rate),
+      decay_steps_(decay_steps),
+      decay_rate_(decay_rate),
+      staircase_(staircase) {
+  DTRAIN_CHECK(decay_steps > 0, "ExponentialDecay: decay_steps must be positive, got ",
+               decay_steps);
+  DTRAIN_CHECK(std::isfinite(initial_learning_rate) && std::isfinite(decay_rate),
+               "ExponentialDecay: initial_learning_rate ", initial_learning_rate,
+               " and decay_rate ", decay_rate, " must be finite");
+}
+
+float ExponentialDecay::operator()(int64_t step) const {
+  double p = static_cast<double>(step) / static_cast<double>(decay_steps_);
+  if (staircase_) p = std::floor(p);
+  return static_cast<float>(initial_learning_rate_ * std::pow(decay_rate_, p));
+}
+
+ScheduleConfig ExponentialDecay::get_config() const {
+  return {"ExponentialDecay",
+          {{"initial_learning_rate", initial_learning_rate_},
+           {"decay_steps", static_cast<double>(decay_steps_)},
+           {"decay_rate", decay_rate_},
+           {"staircase", staircase_ ? 1.0 : 0.0}}};
+}
+
+PiecewiseConstantDecay::PiecewiseConstantDecay(std::vector<int64_t> boundaries,
+                                               std::vector<double> values)
+    : boundaries_(std::move(boundaries)), values_(std::move(values)) {
+  DTRAIN_CHECK(values_.size() == boundaries_.size() + 1,
+               "PiecewiseConstantDecay: the length of boundaries should be 1 less than the "
+               "length of values; got ",
+               boundaries_.size(), " boundaries and ", values_.size(), " values");
+  DTRAIN_CHECK(std::is_sorted(boundaries_.begin(), boundaries_.end()),
+               "PiecewiseConstantDecay: boundaries must be non-decreasing");
+}
+
+float PiecewiseConstantDecay::operator()(int64_t step) const {
+  // The first boundary with step <= boundary selects its value; past the last, the last value.
+  const auto it = std::lower_bound(boundaries_.begin(), boundaries_.end(), step);
+  return static_cast<float>(values_[static_cast<size_t>(it - boundaries_.begin())]);
+}
+
+ScheduleConfig PiecewiseConstantDecay::get_config() const {
+  ScheduleConfig config{"PiecewiseConstantDecay", {}, {}};
+  config.lists.emplace_back("boundaries",
+                            std::vector<double>(boundaries_.begin(), boundaries_.end()));
+  config.lists.emplace_back("values", values_);
+  return config;
+}
+
+namespace {
+
+const double* find_scalar(const ScheduleConfig& c, const char* key) {
+  for (const auto& [k, v] : c.scalars) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+const std::vector<double>* find_list(const ScheduleConfig& c, const char* key) {
+  for (const auto& [k, v] : c.lists) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+void check_keys(const ScheduleConfig& c, std::initializer_list<const char*> scalars,
+                std::initializer_list<const char*> lists) {
+  for (const auto& [k, v] : c.scalars) {
+    DTRAIN_CHECK(std::any_of(scalars.begin(), scalars.end(), [&](const char* s) { return k == s; }),
+                 c.class_name, ": unknown config key '", k, "'");
+  }
+  for (const auto& [k, v] : c.lists) {
+    DTRAIN_CHECK(std::any_of(lists.begin(), lists.end(), [&](const char* s) { return k == s; }),
+                 c.class_name, ": unknown config key '", k, "'");
+  }
+}
+
+double require_scalar(const ScheduleConfig& c, const char* key) {
+  const double* v = find_scalar(c, key);
+  DTRAIN_CHECK(v != nullptr, c.class_name, ": config lacks '", key, "'");
+  return *v;
+}
+
+}  // namespace
+
+std::shared_ptr<LearningRateSchedule> schedule_from_config(const ScheduleConfig& config) {
+  if (config.class_name == "ExponentialDecay") {
+    check_keys(config, {"initial_learning_rate", "decay_steps", "decay_rate", "staircase"}, {});
+    const double steps = require_scalar(config, "decay_steps");
+    DTRAIN_CHECK(steps == std::floor(steps),
+                 "ExponentialDecay: decay_steps must be an integer, got ", steps);
+    const double* staircase = find_scalar(config, "staircase");
+    return std::make_shared<ExponentialDecay>(
+        require_scalar(config, "initial_learning_rate"), static_cast<int64_t>(steps),
+        require_scalar(config, "decay_rate"), staircase != nullptr && *staircase != 0.0);
+  }
+  if (config.class_name == "PiecewiseConstantDecay") {
+    check_keys(config, {}, {"boundaries", "values"});
+    const std::vector<double>* b = find_list(config, "boundaries");
+    const std::vector<double>* v = find_list(config, "values");
+    DTRAIN_CHECK(b != nullptr && v != nullptr,
+                 "PiecewiseConstantDecay: config needs 'boundaries' and 'values'");
+    std::vector<int64_t> boundaries;
+    boundaries.reserve(b->size());
+    for (double x : *b) {
+      DTRAIN_CHECK(x == std::floor(x), "PiecewiseConstantDecay: boundary ", x,
+                   " is not an integer step");
+      boundaries.push_back(static_cast<int64_t>(x));
+    }
+    return std::make_shared<PiecewiseConstantDecay>(std::move(boundaries), *v);
+  }
+  throw InvalidArgumentError(str_cat("schedule_from_config: unknown schedule '", config.class_name,
+                                     "'; known: ExponentialDecay, PiecewiseConstantDecay"));
+}
+
+}  // namespace dtrain::optim

@@ -106,11 +106,14 @@ Tensor read_idx(const std::string& path) {
                                (uint32_t{magic[2]} << 8) | magic[3];
   const DType dtype = dtype_of_idx(magic[2]);
   if (got_magic < 4 || magic[0] != 0 || magic[1] != 0 || dtype == DType::kInvalid) {
-    char hex[16];
-    std::snprintf(hex, sizeof(hex), "0x%0*X", static_cast<int>(2 * got_magic),
-                  magic_value >> (8 * (4 - got_magic)));
-    throw DataLossError(
-        str_cat("read_idx: ", path, ": not an IDX file (magic ", got_magic ? hex : "missing", ")"));
+    // Shows the bytes that are there: a file shorter than 4 bytes shows fewer digits.
+    char hex[16] = "missing";
+    if (got_magic > 0) {
+      const uint64_t shown = uint64_t{magic_value} >> (8 * (4 - got_magic));
+      std::snprintf(hex, sizeof(hex), "0x%0*llX", static_cast<int>(2 * got_magic),
+                    static_cast<unsigned long long>(shown));
+    }
+    throw DataLossError(str_cat("read_idx: ", path, ": not an IDX file (magic ", hex, ")"));
   }
   const int rank = magic[3];
   if (rank > Shape::kMaxRank) {

@@ -28,7 +28,9 @@ class IdxTest : public ::testing::Test {
   static void write_plain(const std::string& p, const std::vector<uint8_t>& bytes) {
     FILE* f = std::fopen(p.c_str(), "wb");
     ASSERT_NE(f, nullptr);
-    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    if (!bytes.empty()) {
+      ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    }
     std::fclose(f);
   }
   static void write_gz(const std::string& p, const std::vector<uint8_t>& bytes) {

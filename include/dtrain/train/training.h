@@ -1,0 +1,124 @@
+// Options and results of Model::compile / fit / evaluate / predict (Keras semantics).
+// Include this (or dtrain/dtrain.h) to call the training methods declared in nn/model.h.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/data/dataset.h"
+#include "dtrain/nn/losses.h"
+#include "dtrain/nn/metrics.h"
+#include "dtrain/nn/model.h"
+#include "dtrain/optim/optimizer.h"
+#include "dtrain/train/callbacks.h"
+
+namespace dtrain::train {
+
+// An optimizer by Keras name ("adam") or instance.
+class OptimizerSpec {
+ public:
+  OptimizerSpec(const char* name) : name_(name) {}
+  OptimizerSpec(std::string name) : name_(std::move(name)) {}
+  OptimizerSpec(std::shared_ptr<optim::Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
+  template <class O, class = std::enable_if_t<std::is_base_of_v<optim::Optimizer, O>>>
+  OptimizerSpec(O optimizer) : optimizer_(std::make_shared<O>(std::move(optimizer))) {}
+  // Resolves to an instance; throws InvalidArgumentError for an unknown name.
+  std::shared_ptr<optim::Optimizer> resolve() const;
+
+ private:
+  std::string name_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+};
+
+// A loss by Keras name ("sparse_categorical_crossentropy") or instance.
+class LossSpec {
+ public:
+  LossSpec() = default;
+  LossSpec(const char* name) : name_(name) {}
+  LossSpec(std::string name) : name_(std::move(name)) {}
+  LossSpec(std::shared_ptr<nn::Loss> loss) : loss_(std::move(loss)) {}
+  template <class L, class = std::enable_if_t<std::is_base_of_v<nn::Loss, L>>>
+  LossSpec(L loss) : loss_(std::make_shared<L>(std::move(loss))) {}
+  std::shared_ptr<nn::Loss> resolve() const;
+
+ private:
+  std::string name_;
+  std::shared_ptr<nn::Loss> loss_;
+};
+
+struct CompileOptions {
+  OptimizerSpec optimizer = "rmsprop";    // Keras's default
+  LossSpec loss = {};                     // required
+  std::vector<std::string> metrics = {};  // e.g. {"accuracy"}
+};
+
+// Validation data for fit(): a batched dataset, or (x, y) tensors batched by fit's batch_size.
+class ValidationData {
+ public:
+  ValidationData(data::Dataset dataset) : dataset_(std::move(dataset)) {}
+  ValidationData(std::pair<Tensor, Tensor> xy) : xy_(std::move(xy)) {}
+  data::Dataset dataset(int64_t batch_size) const;
+
+ private:
+  data::Dataset dataset_;
+  std::pair<Tensor, Tensor> xy_;
+};
+
+struct FitOptions {
+  int64_t epochs = 1;       // train until this epoch (exclusive)
+  int64_t batch_size = 32;  // for fit(x, y); datasets come batched
+  std::optional<ValidationData> validation_data = std::nullopt;  // evaluated after each epoch
+  std::optional<int64_t> steps_per_epoch = std::nullopt;         // default: one pass over the data
+  int64_t initial_epoch = 0;                                     // epoch to start at (resuming)
+  bool shuffle = true;                                           // fit(x, y): reshuffle every epoch
+  std::optional<uint64_t> seed = std::nullopt;                   // fit(x, y): shuffle seed
+  // 0 silent, 1 progress bar, 2 one line per epoch; -1 (auto): 1 on a terminal, else 2.
+  int verbose = -1;
+  std::vector<std::shared_ptr<Callback>> callbacks = {};
+};
+
+struct EvaluateOptions {
+  int64_t batch_size = 32;                      // for evaluate(x, y)
+  std::optional<int64_t> steps = std::nullopt;  // default: the whole dataset
+  int verbose = 0;                              // 1: progress bar
+  std::vector<std::shared_ptr<Callback>> callbacks = {};
+};
+
+struct PredictOptions {
+  int64_t batch_size = 32;  // for predict(x)
+};
+
+// Per-epoch logs of fit() (keras History): history()["loss"][e] is epoch e's mean loss.
+class History : public Callback {
+ public:
+  void on_train_begin(const Logs&) override {}
+  void on_epoch_end(int64_t epoch, const Logs& logs) override;
+  const std::map<std::string, std::vector<double>>& history() const { return history_; }
+  const std::vector<int64_t>& epochs() const { return epochs_; }
+  // The last epoch's value of `key`; throws NotFoundError.
+  double last(const std::string& key) const;
+
+ private:
+  std::map<std::string, std::vector<double>> history_;
+  std::vector<int64_t> epochs_;
+};
+
+// What compile() sets up and fit() uses; owned by the model.
+class TrainingState {
+ public:
+  std::shared_ptr<optim::Optimizer> optimizer;
+  std::shared_ptr<nn::Loss> loss;
+  std::vector<std::shared_ptr<nn::Metric>> metrics;
+  nn::Mean loss_tracker{"loss"};
+  bool stop_training = false;
+  // Reused every step so that the hot loop does not allocate.
+  std::vector<Variable*> trainable;
+  std::vector<Tensor> grads;
+};
+
+}  // namespace dtrain::train

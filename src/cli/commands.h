@@ -1,0 +1,16 @@
+// Sub-commands of the dtrain binary (private to src/cli). Each registers its options on a CLI11
+// sub-app and returns the function that runs it.
+#pragma once
+
+#include <functional>
+
+namespace CLI {
+class App;
+}
+
+namespace dtrain::cli {
+
+// fit / evaluate / predict over Fashion-MNIST, IDX or CSV data.
+void add_train_commands(CLI::App& app, std::function<int()>& run);
+
+}  // namespace dtrain::cli

@@ -1,0 +1,62 @@
+// The dtrain command-line tool: parses the sub-command, runs it, and turns dtrain errors into
+// one clear line on stderr and an exit code (docs/errors.md).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "dtrain/core/error.h"
+
+namespace {
+
+// Exit codes: 0 ok, 1 unexpected, 2 usage / invalid argument, 3 not found, 4 data loss,
+// 5 unavailable, 6 deadline exceeded, 7 aborted (preempted), 8 failed precondition.
+int exit_code(dtrain::ErrorCode code) {
+  switch (code) {
+    case dtrain::ErrorCode::kInvalidArgument:
+    case dtrain::ErrorCode::kOutOfRange:
+      return 2;
+    case dtrain::ErrorCode::kNotFound:
+      return 3;
+    case dtrain::ErrorCode::kDataLoss:
+      return 4;
+    case dtrain::ErrorCode::kUnavailable:
+      return 5;
+    case dtrain::ErrorCode::kDeadlineExceeded:
+      return 6;
+    case dtrain::ErrorCode::kAborted:
+      return 7;
+    case dtrain::ErrorCode::kFailedPrecondition:
+      return 8;
+    default:
+      return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "dtrain: distributed neural-network training with TensorFlow/Keras semantics, in C++.\n"
+      "Trains Keras-style models on Fashion-MNIST (default), IDX or CSV data."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dtrain 0.1.0");
+  std::function<int()> run;
+  dtrain::cli::add_train_commands(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return run ? run() : 0;
+  } catch (const dtrain::Error& e) {
+    std::fflush(stdout);
+    std::cerr << "dtrain: error: " << dtrain::error_code_name(e.code()) << ": " << e.what() << "\n";
+    return exit_code(e.code());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::cerr << "dtrain: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,316 @@
+// dtrain fit / evaluate / predict.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "dtrain/core/random.h"
+#include "dtrain/data/csv.h"
+#include "dtrain/data/fashion_mnist.h"
+#include "dtrain/data/idx.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/ops/gemm.h"
+#include "dtrain/ops/tensor_ops.h"
+#include "dtrain/train/training.h"
+
+namespace dtrain::cli {
+namespace {
+
+struct DataFlags {
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string train_images, train_labels, test_images, test_labels;
+  std::string train_csv, test_csv;
+  int label_column = -1;
+};
+
+struct ModelFlags {
+  std::string model;  // Keras JSON; empty: the default MLP
+  int hidden = 128;
+};
+
+struct TrainFlags {
+  int epochs = 5;
+  int batch_size = 32;
+  std::string optimizer = "adam";
+  double learning_rate = -1;
+  std::optional<uint64_t> seed;
+  int threads = 0;
+  int verbose = -1;
+  bool validate = false;
+  int64_t steps_per_epoch = 0;
+};
+
+struct Split {
+  Tensor x, y;
+};
+struct Data {
+  Split train, test;
+};
+
+void add_data_flags(CLI::App* cmd, DataFlags& f) {
+  cmd->add_option("--data-dir", f.data_dir,
+                  "Fashion-MNIST directory with the four IDX .gz files (the default data set)")
+      ->capture_default_str();
+  cmd->add_option("--train-images", f.train_images, "IDX file of training inputs (.gz or plain)");
+  cmd->add_option("--train-labels", f.train_labels, "IDX file of training labels");
+  cmd->add_option("--test-images", f.test_images, "IDX file of test inputs");
+  cmd->add_option("--test-labels", f.test_labels, "IDX file of test labels");
+  cmd->add_option("--train-csv", f.train_csv, "CSV file of training rows (numeric)");
+  cmd->add_option("--test-csv", f.test_csv, "CSV file of test rows (numeric)");
+  cmd->add_option("--label-column", f.label_column,
+                  "CSV column holding the label (default: the last)");
+}
+
+void add_model_flags(CLI::App* cmd, ModelFlags& f) {
+  cmd->add_option("--model", f.model,
+                  "Keras model JSON (model.to_json()); default: an MLP Dense(128, relu) -> "
+                  "Dense(classes)");
+  cmd->add_option("--hidden", f.hidden, "Units of the default MLP's hidden layer")
+      ->capture_default_str();
+}
+
+// IDX inputs of uint8 are scaled to [0, 1] as the Keras tutorial does; others are cast.
+Tensor idx_inputs(const std::string& path) {
+  Tensor t = data::read_idx(path);
+  if (t.dtype() == DType::kUInt8)
+    return ops::affine(ops::cast(t, DType::kFloat32), 1.0f / 255.0f, 0.0f);
+  return ops::cast(t, DType::kFloat32);
+}
+
+Split csv_split(const std::string& path, int label_column) {
+  const Tensor table = data::read_csv(path);
+  DTRAIN_CHECK(table.rank() == 2 && table.dim(1) >= 2, path,
+               ": need at least two columns (features and a label)");
+  const int64_t rows = table.dim(0), cols = table.dim(1);
+  const int64_t lc = label_column < 0 ? cols - 1 : label_column;
+  DTRAIN_CHECK(lc < cols, path, ": --label-column ", lc, " but the file has ", cols, " columns");
+  Tensor x(Shape{rows, cols - 1});
+  Tensor y(DType::kInt64, Shape{rows});
+  const float* p = table.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t k = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (c == lc) {
+        y.data<int64_t>()[r] = static_cast<int64_t>(p[r * cols + c]);
+      } else {
+        x.data<float>()[r * (cols - 1) + k++] = p[r * cols + c];
+      }
+    }
+  }
+  return {x, y};
+}
+
+Data load_data(const DataFlags& f, bool need_train) {
+  Data d;
+  if (!f.train_csv.empty() || !f.test_csv.empty()) {
+    if (!f.train_csv.empty()) d.train = csv_split(f.train_csv, f.label_column);
+    if (!f.test_csv.empty()) d.test = csv_split(f.test_csv, f.label_column);
+  } else if (!f.train_images.empty() || !f.test_images.empty()) {
+    if (!f.train_images.empty()) {
+      DTRAIN_CHECK(!f.train_labels.empty(), "--train-images needs --train-labels");
+      d.train = {idx_inputs(f.train_images), data::read_idx(f.train_labels)};
+    }
+    if (!f.test_images.empty()) {
+      DTRAIN_CHECK(!f.test_labels.empty(), "--test-images needs --test-labels");
+      d.test = {idx_inputs(f.test_images), data::read_idx(f.test_labels)};
+    }
+  } else {
+    data::FashionMnist fm = data::fashion_mnist::load_data(f.data_dir);
+    d.train = {fm.x_train, fm.y_train};
+    d.test = {fm.x_test, fm.y_test};
+  }
+  DTRAIN_CHECK(!need_train || d.train.x.defined(), "no training data given");
+  for (const Split* s : {&d.train, &d.test}) {
+    if (!s->x.defined()) continue;
+    DTRAIN_CHECK(s->x.dim(0) == s->y.dim(0), "inputs have ", s->x.dim(0), " examples but labels ",
+                 s->y.dim(0));
+  }
+  return d;
+}
+
+int64_t num_classes(const Data& d) {
+  int64_t classes = 0;
+  for (const Split* s : {&d.train, &d.test}) {
+    if (!s->y.defined()) continue;
+    for (int64_t i = 0; i < s->y.num_elements(); ++i) {
+      classes = std::max(classes, ops::label_at(s->y, i) + 1);
+    }
+  }
+  return std::max<int64_t>(classes, 2);
+}
+
+std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
+  const Tensor& x = d.train.x.defined() ? d.train.x : d.test.x;
+  const Shape example = x.shape().without_first();
+  if (!f.model.empty()) {
+    std::ifstream in(f.model);
+    if (!in) throw NotFoundError("cannot open model file '" + f.model + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto model = nn::model_from_json(ss.str());
+    if (!model->built()) model->build(example);
+    return model;
+  }
+  auto model = std::make_unique<nn::Sequential>();
+  if (example.rank() > 1) model->add_layer(nn::Flatten({.input_shape = example}));
+  model->add_layer(
+      nn::Dense(f.hidden, {.activation = "relu",
+                           .input_shape = example.rank() > 1 ? std::optional<Shape>()
+                                                             : std::optional<Shape>(example)}));
+  model->add_layer(nn::Dense(num_classes(d)));
+  if (!model->built()) model->build(example);
+  return model;
+}
+
+std::shared_ptr<optim::Optimizer> make_optimizer(const TrainFlags& f) {
+  std::shared_ptr<optim::Optimizer> opt = optim::optimizer_from_name(f.optimizer);
+  if (f.learning_rate > 0) opt->set_learning_rate(static_cast<float>(f.learning_rate));
+  return opt;
+}
+
+void compile(nn::Model& model, const TrainFlags& f) {
+  // The built-in model ends in logits; a JSON model ending in softmax gets probabilities.
+  bool softmax_output = false;
+  if (!model.layers().empty()) {
+    if (auto* dense = dynamic_cast<nn::Dense*>(model.layers().back().get())) {
+      softmax_output = dense->activation() == ops::Activation::kSoftmax;
+    }
+  }
+  model.compile({.optimizer = make_optimizer(f),
+                 .loss = nn::SparseCategoricalCrossentropy({.from_logits = !softmax_output}),
+                 .metrics = {"accuracy"}});
+}
+
+void apply_runtime(const TrainFlags& f) {
+  if (f.seed) set_random_seed(*f.seed);
+  ops::set_num_threads(f.threads > 0 ? f.threads : 1);
+}
+
+void print_logs(const char* prefix, const nn::Logs& logs) {
+  std::string line;
+  for (const auto& [k, v] : logs) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s%s_%s: %.4f", line.empty() ? "" : " - ", prefix, k.c_str(),
+                  v);
+    line += buf;
+  }
+  std::printf("%s\n", line.c_str());
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App& app, std::function<int()>& run) {
+  static DataFlags data_flags;
+  static ModelFlags model_flags;
+  static TrainFlags train_flags;
+  static std::string predict_out;
+  static int64_t predict_count = 10;
+
+  auto add_common = [](CLI::App* cmd) {
+    add_data_flags(cmd, data_flags);
+    add_model_flags(cmd, model_flags);
+    cmd->add_option("--batch-size", train_flags.batch_size, "Examples per batch")
+        ->capture_default_str();
+    cmd->add_option("--seed", train_flags.seed,
+                    "Global random seed: with it, two runs give bitwise-identical weights");
+    cmd->add_option("--threads", train_flags.threads, "BLAS threads (default 1)");
+    cmd->add_option("--verbose", train_flags.verbose,
+                    "0 silent, 1 progress bar, 2 one line per epoch (default: 1 on a terminal)");
+  };
+
+  CLI::App* fit = app.add_subcommand("fit", "Train a model (default: an MLP on Fashion-MNIST)");
+  add_common(fit);
+  fit->add_option("--epochs", train_flags.epochs, "Passes over the training data")
+      ->capture_default_str();
+  fit->add_option("--optimizer", train_flags.optimizer, "sgd, adam, adamw or rmsprop")
+      ->capture_default_str();
+  fit->add_option("--learning-rate", train_flags.learning_rate,
+                  "Learning rate (default: the optimizer's Keras default)");
+  fit->add_option("--steps-per-epoch", train_flags.steps_per_epoch,
+                  "Batches per epoch (default: one pass)");
+  fit->add_flag("--validate", train_flags.validate,
+                "Evaluate on the test split after every epoch (val_loss, val_accuracy)");
+  fit->callback([&run] {
+    run = [] {
+      apply_runtime(train_flags);
+      const Data d = load_data(data_flags, true);
+      auto model = make_model(model_flags, d);
+      compile(*model, train_flags);
+      if (train_flags.verbose != 0) model->summary();
+      train::FitOptions opts{.epochs = train_flags.epochs,
+                             .batch_size = train_flags.batch_size,
+                             .seed = train_flags.seed,
+                             .verbose = train_flags.verbose};
+      if (train_flags.steps_per_epoch > 0) opts.steps_per_epoch = train_flags.steps_per_epoch;
+      if (train_flags.validate && d.test.x.defined()) {
+        opts.validation_data = train::ValidationData(std::make_pair(d.test.x, d.test.y));
+      }
+      const auto start = std::chrono::steady_clock::now();
+      model->fit(d.train.x, d.train.y, opts);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("trained %d epochs in %.2f s\n", train_flags.epochs, secs);
+      if (d.test.x.defined()) {
+        print_logs("test", model->evaluate(d.test.x, d.test.y, {.batch_size = 256}));
+      }
+      return 0;
+    };
+  });
+
+  CLI::App* evaluate =
+      app.add_subcommand("evaluate", "Evaluate a model on the test split (loss and accuracy)");
+  add_common(evaluate);
+  evaluate->callback([&run] {
+    run = [] {
+      apply_runtime(train_flags);
+      const Data d = load_data(data_flags, false);
+      DTRAIN_CHECK(d.test.x.defined(), "evaluate: no test data given");
+      auto model = make_model(model_flags, d);
+      compile(*model, train_flags);
+      print_logs("test", model->evaluate(d.test.x, d.test.y,
+                                         {.batch_size = train_flags.batch_size,
+                                          .verbose = train_flags.verbose > 0 ? 1 : 0}));
+      return 0;
+    };
+  });
+
+  CLI::App* predict =
+      app.add_subcommand("predict", "Print the predicted class of the first test examples");
+  add_common(predict);
+  predict->add_option("--count", predict_count, "How many examples to print")
+      ->capture_default_str();
+  predict->add_option("--output", predict_out, "Write all model outputs as CSV to this file");
+  predict->callback([&run] {
+    run = [] {
+      apply_runtime(train_flags);
+      const Data d = load_data(data_flags, false);
+      DTRAIN_CHECK(d.test.x.defined(), "predict: no test data given");
+      auto model = make_model(model_flags, d);
+      const Tensor out = model->predict(d.test.x, {.batch_size = train_flags.batch_size});
+      const Tensor classes = ops::argmax(out.rank() == 2 ? out : out.reshape(Shape{out.dim(0), 1}));
+      for (int64_t i = 0; i < std::min<int64_t>(predict_count, classes.num_elements()); ++i) {
+        std::printf("%lld: predicted %lld, label %lld\n", static_cast<long long>(i),
+                    static_cast<long long>(classes.data<int64_t>()[i]),
+                    static_cast<long long>(ops::label_at(d.test.y, i)));
+      }
+      if (!predict_out.empty()) {
+        std::ofstream o(predict_out);
+        if (!o) throw NotFoundError("cannot write '" + predict_out + "'");
+        const int64_t cols = out.num_elements() / out.dim(0);
+        for (int64_t r = 0; r < out.dim(0); ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            o << (c ? "," : "") << out.data<float>()[r * cols + c];
+          }
+          o << "\n";
+        }
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,97 @@
+// History, EarlyStopping, TerminateOnNaN.
+#include "dtrain/train/callbacks.h"
+
+#include <cmath>
+#include <iostream>
+
+#include "dtrain/train/training.h"
+
+namespace dtrain::train {
+
+void request_stop_training(nn::Model& model) {
+  DTRAIN_CHECK(model.training_state() != nullptr, "request_stop_training: model '", model.name(),
+               "' is not compiled");
+  model.training_state()->stop_training = true;
+}
+
+void History::on_epoch_end(int64_t epoch, const Logs& logs) {
+  epochs_.push_back(epoch);
+  for (const auto& [k, v] : logs) history_[k].push_back(v);
+}
+
+double History::last(const std::string& key) const {
+  auto it = history_.find(key);
+  if (it == history_.end() || it->second.empty()) {
+    throw NotFoundError("History: no values recorded for '" + key + "'");
+  }
+  return it->second.back();
+}
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : o_(std::move(options)) {
+  DTRAIN_CHECK(o_.mode == "auto" || o_.mode == "min" || o_.mode == "max",
+               "EarlyStopping: mode must be auto, min or max, got '", o_.mode, "'");
+  maximize_ = o_.mode == "max" ||
+              (o_.mode == "auto" && (o_.monitor.find("acc") != std::string::npos ||
+                                     o_.monitor.rfind("fmeasure") != std::string::npos ||
+                                     o_.monitor.find("auc") != std::string::npos));
+}
+
+void EarlyStopping::on_train_begin(const Logs&) {
+  wait_ = 0;
+  stopped_epoch_ = -1;
+  best_ = maximize_ ? -INFINITY : INFINITY;
+  if (o_.baseline) best_ = *o_.baseline;
+  best_weights_.clear();
+}
+
+bool EarlyStopping::improved(double current, double reference) const {
+  return maximize_ ? current - o_.min_delta > reference : current + o_.min_delta < reference;
+}
+
+void EarlyStopping::on_epoch_end(int64_t epoch, const Logs& logs) {
+  auto it = logs.find(o_.monitor);
+  if (it == logs.end()) {
+    std::cerr << "EarlyStopping: metric '" << o_.monitor << "' is not in the logs; available: ";
+    for (const auto& [k, v] : logs) std::cerr << k << " ";
+    std::cerr << "\n";
+    return;
+  }
+  if (epoch < o_.start_from_epoch) return;
+  const double current = it->second;
+  ++wait_;
+  if (improved(current, best_)) {
+    best_ = current;
+    wait_ = 0;
+    if (o_.restore_best_weights) {
+      best_weights_.clear();
+      for (Variable* v : model()->weights()) best_weights_.push_back(v->tensor().clone());
+    }
+    return;
+  }
+  if (wait_ >= o_.patience && epoch > 0) {
+    stopped_epoch_ = epoch;
+    request_stop_training(*model());
+    if (o_.restore_best_weights && !best_weights_.empty()) {
+      const auto vars = model()->weights();
+      for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i) {
+        vars[i]->assign(best_weights_[i]);
+      }
+    }
+  }
+}
+
+void EarlyStopping::on_train_end(const Logs&) {
+  if (stopped_epoch_ >= 0) {
+    std::cerr << "Epoch " << stopped_epoch_ + 1 << ": early stopping\n";
+  }
+}
+
+void TerminateOnNaN::on_train_batch_end(int64_t batch, const Logs& logs) {
+  auto it = logs.find("loss");
+  if (it != logs.end() && !std::isfinite(it->second)) {
+    std::cerr << "Batch " << batch << ": Invalid loss, terminating training\n";
+    request_stop_training(*model());
+  }
+}
+
+}  // namespace dtrain::train

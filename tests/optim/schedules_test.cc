@@ -1,0 +1,75 @@
+// Learning-rate schedules: Keras's values at and around boundaries, config round trips, errors.
+#include "dtrain/optim/schedules.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::optim {
+namespace {
+
+TEST(ExponentialDecay, ContinuousAndStaircase) {
+  ExponentialDecay smooth(0.1, 10, 0.5);
+  EXPECT_FLOAT_EQ(smooth(0), 0.1f);
+  EXPECT_FLOAT_EQ(smooth(5), static_cast<float>(0.1 * std::pow(0.5, 0.5)));
+  EXPECT_FLOAT_EQ(smooth(10), 0.05f);
+  EXPECT_FLOAT_EQ(smooth(25), static_cast<float>(0.1 * std::pow(0.5, 2.5)));
+  ExponentialDecay stairs(0.1, 10, 0.5, /*staircase=*/true);
+  EXPECT_FLOAT_EQ(stairs(9), 0.1f);
+  EXPECT_FLOAT_EQ(stairs(10), 0.05f);
+  EXPECT_FLOAT_EQ(stairs(19), 0.05f);
+  EXPECT_FLOAT_EQ(stairs(20), 0.025f);
+}
+
+TEST(ExponentialDecay, RejectsNonPositiveDecaySteps) {
+  EXPECT_THROW(ExponentialDecay(0.1, 0, 0.5), InvalidArgumentError);
+  EXPECT_THROW(ExponentialDecay(0.1, -3, 0.5), InvalidArgumentError);
+}
+
+TEST(PiecewiseConstantDecay, BoundariesBelongToTheLowerInterval) {
+  // Keras: values[0] for step <= 100, values[1] for 100 < step <= 200, values[2] after.
+  PiecewiseConstantDecay s({100, 200}, {1.0, 0.5, 0.1});
+  EXPECT_FLOAT_EQ(s(0), 1.0f);
+  EXPECT_FLOAT_EQ(s(100), 1.0f);
+  EXPECT_FLOAT_EQ(s(101), 0.5f);
+  EXPECT_FLOAT_EQ(s(200), 0.5f);
+  EXPECT_FLOAT_EQ(s(201), 0.1f);
+  EXPECT_FLOAT_EQ(s(1'000'000'000'000), 0.1f);
+  PiecewiseConstantDecay constant({}, {0.3});
+  EXPECT_FLOAT_EQ(constant(7), 0.3f);
+}
+
+TEST(PiecewiseConstantDecay, SizeAndOrderErrors) {
+  try {
+    PiecewiseConstantDecay({100, 200}, {1.0, 0.5});
+    ADD_FAILURE() << "expected InvalidArgumentError";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 boundaries and 2 values"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(PiecewiseConstantDecay({200, 100}, {1, 2, 3}), InvalidArgumentError);
+}
+
+TEST(Schedules, ConfigRoundTrip) {
+  ExponentialDecay e(0.1, 1000, 0.96, true);
+  const ScheduleConfig ec = e.get_config();
+  EXPECT_EQ(ec.class_name, "ExponentialDecay");
+  auto e2 = schedule_from_config(ec);
+  for (int64_t step : {0, 999, 1000, 5000}) EXPECT_EQ((*e2)(step), e(step));
+  PiecewiseConstantDecay p({3, 7}, {0.1, 0.01, 0.001});
+  auto p2 = schedule_from_config(p.get_config());
+  for (int64_t step : {0, 3, 4, 7, 8}) EXPECT_EQ((*p2)(step), p(step));
+  EXPECT_THROW(schedule_from_config({"CosineDecay", {}, {}}), InvalidArgumentError);
+  EXPECT_THROW(schedule_from_config({"ExponentialDecay", {{"decay_steps", 10}}, {}}),
+               InvalidArgumentError);
+  EXPECT_THROW(schedule_from_config(
+                   {"ExponentialDecay",
+                    {{"initial_learning_rate", 0.1}, {"decay_steps", 1.5}, {"decay_rate", 0.5}},
+                    {}}),
+               InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace dtrain::optim

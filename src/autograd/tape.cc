@@ -12,28 +12,42 @@ namespace {
 
 std::atomic<uint64_t> g_next_tape_id{1};
 
-// The thread's stack of live tapes (null = no-grad scope) and the storage of the last finished
-// tape, handed to the next one so steady-state training reuses vector capacity.
+// The thread's stack of live tapes (null = no-grad scope) and its finished tapes, kept so that
+// steady-state training reuses them with their vectors' capacity.
 struct ThreadState {
   std::vector<Tape*> stack;
-  std::vector<Node> spare_nodes;
-  std::vector<Tensor> spare_grads;
+  std::vector<std::unique_ptr<Tape>> pool;
 };
 thread_local ThreadState t_state;
+
+constexpr size_t kMaxPooledTapes = 4;
 
 }  // namespace
 
 Tape::Tape(bool persistent)
-    : id_(g_next_tape_id.fetch_add(1, std::memory_order_relaxed)), persistent_(persistent) {
-  nodes_.swap(t_state.spare_nodes);
-  grads_.swap(t_state.spare_grads);
+    : id_(g_next_tape_id.fetch_add(1, std::memory_order_relaxed)), persistent_(persistent) {}
+
+Tape::~Tape() = default;
+
+std::unique_ptr<Tape> Tape::acquire(bool persistent) {
+  auto& pool = t_state.pool;
+  if (pool.empty()) return std::make_unique<Tape>(persistent);
+  std::unique_ptr<Tape> t = std::move(pool.back());
+  pool.pop_back();
+  t->id_ = g_next_tape_id.fetch_add(1, std::memory_order_relaxed);
+  t->persistent_ = persistent;
+  t->recording_ = true;
+  t->used_ = false;
+  return t;
 }
 
-Tape::~Tape() {
-  nodes_.clear();
-  grads_.clear();
-  if (t_state.spare_nodes.capacity() < nodes_.capacity()) nodes_.swap(t_state.spare_nodes);
-  if (t_state.spare_grads.capacity() < grads_.capacity()) grads_.swap(t_state.spare_grads);
+void Tape::release(std::unique_ptr<Tape> tape) {
+  tape->nodes_.clear();
+  tape->grads_.clear();
+  tape->variable_leaves_.clear();
+  tape->watched_variables_.clear();
+  auto& pool = t_state.pool;
+  if (pool.size() < kMaxPooledTapes) pool.push_back(std::move(tape));
 }
 
 Tape* Tape::current() {
@@ -145,11 +159,14 @@ namespace dtrain {
 
 using detail::Tape;
 
-GradientTape::GradientTape(bool persistent) : tape_(std::make_unique<Tape>(persistent)) {
+GradientTape::GradientTape(bool persistent) : tape_(Tape::acquire(persistent)) {
   detail::push_tape(tape_.get());
 }
 
-GradientTape::~GradientTape() { detail::pop_tape(tape_.get()); }
+GradientTape::~GradientTape() {
+  detail::pop_tape(tape_.get());
+  Tape::release(std::move(tape_));
+}
 
 void GradientTape::watch(Tensor& t) {
   DTRAIN_CHECK(t.defined() && t.dtype() == DType::kFloat32,

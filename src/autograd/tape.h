@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,12 @@ class Tape {
  public:
   explicit Tape(bool persistent);
   ~Tape();
+
+  // A tape from this thread's pool of finished tapes (their vectors keep their capacity, so a
+  // training loop that makes one tape per step does not allocate), or a new one.
+  static std::unique_ptr<Tape> acquire(bool persistent);
+  // Clears the recording and returns the tape to this thread's pool.
+  static void release(std::unique_ptr<Tape> tape);
 
   // The innermost recording tape of this thread, or null.
   static Tape* current();

@@ -13,11 +13,13 @@
 namespace dtrain::nn {
 namespace {
 
-void check_prediction(const Tensor& y_pred, const std::string& loss) {
-  DTRAIN_CHECK(y_pred.defined(), loss, ": y_pred is undefined");
-  DTRAIN_CHECK(y_pred.dtype() == DType::kFloat32, loss, ": y_pred must be float32, got ",
+// Takes the loss, not its name, so the name is only built when a check fails (the training
+// loop must not allocate).
+void check_prediction(const Tensor& y_pred, const Loss& loss) {
+  DTRAIN_CHECK(y_pred.defined(), loss.name(), ": y_pred is undefined");
+  DTRAIN_CHECK(y_pred.dtype() == DType::kFloat32, loss.name(), ": y_pred must be float32, got ",
                dtype_name(y_pred.dtype()), " ", y_pred.shape().to_string());
-  DTRAIN_CHECK(y_pred.num_elements() > 0, loss, ": y_pred ", y_pred.shape().to_string(),
+  DTRAIN_CHECK(y_pred.num_elements() > 0, loss.name(), ": y_pred ", y_pred.shape().to_string(),
                " is empty");
 }
 
@@ -74,11 +76,11 @@ Tensor as_rows(const Tensor& x) {
 // Reruns `f`, prefixing the message of an InvalidArgumentError from a lower-level op with the
 // loss's name, so "label 7 of example 2 is outside [0, 3)" says which loss saw it.
 template <class F>
-Tensor with_loss_context(const std::string& loss, F&& f) {
+Tensor with_loss_context(const Loss& loss, F&& f) {
   try {
     return f();
   } catch (const InvalidArgumentError& e) {
-    throw InvalidArgumentError(str_cat(loss, ": ", e.what()));
+    throw InvalidArgumentError(str_cat(loss.name(), ": ", e.what()));
   }
 }
 
@@ -104,7 +106,7 @@ std::string Loss::config_json() const {
 // MeanSquaredError: mean((y_pred − y_true)²) over all elements.
 
 Tensor MeanSquaredError::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, name());
+  check_prediction(y_pred, *this);
   const Tensor y = dense_labels(y_true, y_pred, name());
   return reduce_mean(square(subtract(y_pred, y)));
 }
@@ -117,7 +119,7 @@ LossConfig MeanSquaredError::get_config() const {
 // SparseCategoricalCrossentropy.
 
 Tensor SparseCategoricalCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, name());
+  check_prediction(y_pred, *this);
   DTRAIN_CHECK(y_true.defined(), name(), ": y_true is undefined");
   DTRAIN_CHECK(y_pred.rank() >= 2, name(), ": y_pred must be [batch, classes], got ",
                y_pred.shape().to_string());
@@ -132,7 +134,7 @@ Tensor SparseCategoricalCrossentropy::operator()(const Tensor& y_true, const Ten
             .c_str());
   }
   const Tensor labels = stop_gradient(y_true).reshape(Shape{outer.num_elements()});
-  return with_loss_context(name(), [&] {
+  return with_loss_context(*this, [&] {
     const Tensor scores = as_rows(y_pred);
     if (options_.from_logits) {
       return reduce_mean(sparse_softmax_cross_entropy_with_logits(labels, scores));
@@ -159,7 +161,7 @@ CategoricalCrossentropy::CategoricalCrossentropy(CategoricalCrossentropyOptions 
 }
 
 Tensor CategoricalCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, name());
+  check_prediction(y_pred, *this);
   DTRAIN_CHECK(y_true.defined(), name(), ": y_true is undefined");
   if (y_true.shape() != y_pred.shape()) {
     throw_shape_mismatch(name(), y_true, y_pred, "expected the same shape [batch, classes]");
@@ -172,7 +174,7 @@ Tensor CategoricalCrossentropy::operator()(const Tensor& y_true, const Tensor& y
   const Tensor scores = as_rows(y_pred);
   if (options_.from_logits) {
     return with_loss_context(
-        name(), [&] { return reduce_mean(softmax_cross_entropy_with_logits(y, scores)); });
+        *this, [&] { return reduce_mean(softmax_cross_entropy_with_logits(y, scores)); });
   }
   // Keras: scale each row to sum 1, clip, −Σ y log p.
   Tensor p = divide(scores, reduce_sum(scores, -1, /*keepdims=*/true));
@@ -196,7 +198,7 @@ BinaryCrossentropy::BinaryCrossentropy(BinaryCrossentropyOptions options) : opti
 }
 
 Tensor BinaryCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, name());
+  check_prediction(y_pred, *this);
   const Tensor y =
       smooth_labels(dense_labels(y_true, y_pred, name()), options_.label_smoothing, 2.0f);
   if (options_.from_logits) return reduce_mean(sigmoid_cross_entropy_with_logits(y, y_pred));

@@ -91,11 +91,24 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
                                  with_last_one(outer).to_string()));
   }
   const int64_t classes = y_pred.dim(-1), rows = outer.num_elements();
-  const std::vector<double> p = as_doubles(y_pred, name());
   double matches = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    // label_at gives −1 for a non-integral float label, which never matches.
-    matches += ops::label_at(y_true, r) == row_argmax(p.data() + r * classes, classes) ? 1 : 0;
+  if (y_pred.dtype() == DType::kFloat32) {
+    // The training loop's case: read the floats in place (no conversion, no allocation).
+    const float* p = y_pred.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = p + r * classes;
+      int64_t best = 0;
+      for (int64_t c = 1; c < classes; ++c) {
+        if (row[c] > row[best]) best = c;
+      }
+      // label_at gives −1 for a non-integral float label, which never matches.
+      matches += ops::label_at(y_true, r) == best ? 1 : 0;
+    }
+  } else {
+    const std::vector<double> p = as_doubles(y_pred, name());
+    for (int64_t r = 0; r < rows; ++r) {
+      matches += ops::label_at(y_true, r) == row_argmax(p.data() + r * classes, classes) ? 1 : 0;
+    }
   }
   add(matches, static_cast<double>(rows));
 }

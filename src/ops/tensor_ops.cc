@@ -90,7 +90,8 @@ void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols) {
     case Activation::kLinear:
       return;
     case Activation::kRelu:
-      for (int64_t i = 0; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = y[i] < 0.0f ? 0.0f : y[i];  // NaN propagates, as tf.nn.relu
       return;
     case Activation::kSigmoid:
       for (int64_t i = 0; i < n; ++i) y[i] = sigmoidf(y[i]);
@@ -305,7 +306,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
       for (int64_t i = 0; i < n; ++i) po[i] = std::fabs(px[i]);
       break;
     case UnaryOp::kRelu:
-      for (int64_t i = 0; i < n; ++i) po[i] = px[i] > 0 ? px[i] : 0.0f;
+      for (int64_t i = 0; i < n; ++i) po[i] = px[i] < 0 ? 0.0f : px[i];
       break;
     case UnaryOp::kSigmoid:
       for (int64_t i = 0; i < n; ++i) po[i] = sigmoidf(px[i]);

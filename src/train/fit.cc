@@ -35,8 +35,11 @@ using train::detail::ProgressBar;
 namespace {
 
 train::TrainingState& state_of(Model& m, const char* fn) {
-  DTRAIN_CHECK(m.training_state() != nullptr, fn, ": model '", m.name(),
-               "' must be compiled first: call model.compile({.optimizer = ..., .loss = ...})");
+  if (m.training_state() == nullptr) {
+    throw FailedPreconditionError(
+        str_cat(fn, ": model '", m.name(),
+                "' must be compiled first: call model.compile({.optimizer = ..., .loss = ...})"));
+  }
   return *m.training_state();
 }
 

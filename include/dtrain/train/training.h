@@ -24,9 +24,8 @@ class OptimizerSpec {
  public:
   OptimizerSpec(const char* name) : name_(name) {}
   OptimizerSpec(std::string name) : name_(std::move(name)) {}
-  OptimizerSpec(std::shared_ptr<optim::Optimizer> optimizer) : optimizer_(std::move(optimizer)) {}
   template <class O, class = std::enable_if_t<std::is_base_of_v<optim::Optimizer, O>>>
-  OptimizerSpec(O optimizer) : optimizer_(std::make_shared<O>(std::move(optimizer))) {}
+  OptimizerSpec(std::shared_ptr<O> optimizer) : optimizer_(std::move(optimizer)) {}
   // Resolves to an instance; throws InvalidArgumentError for an unknown name.
   std::shared_ptr<optim::Optimizer> resolve() const;
 
@@ -41,7 +40,8 @@ class LossSpec {
   LossSpec() = default;
   LossSpec(const char* name) : name_(name) {}
   LossSpec(std::string name) : name_(std::move(name)) {}
-  LossSpec(std::shared_ptr<nn::Loss> loss) : loss_(std::move(loss)) {}
+  template <class L, class = std::enable_if_t<std::is_base_of_v<nn::Loss, L>>>
+  LossSpec(std::shared_ptr<L> loss) : loss_(std::move(loss)) {}
   template <class L, class = std::enable_if_t<std::is_base_of_v<nn::Loss, L>>>
   LossSpec(L loss) : loss_(std::make_shared<L>(std::move(loss))) {}
   std::shared_ptr<nn::Loss> resolve() const;

@@ -1,0 +1,225 @@
+// compile/fit/evaluate/predict semantics on small synthetic data.
+#include <execinfo.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <new>
+
+#include "dtrain/core/random.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/optim/adam.h"
+#include "dtrain/optim/sgd.h"
+#include "dtrain/train/training.h"
+
+// Counts global operator new calls so a test can check that training steps do not allocate.
+// GCC flags free() on memory from (our own, malloc-backed) operator new once it inlines both.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+static std::atomic<long> g_news{0};
+static std::atomic<bool> g_trace{false};
+void* operator new(size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (g_trace.load(std::memory_order_relaxed)) {
+    g_trace = false;
+    void* frames[24];
+    const int k = backtrace(frames, 24);
+    backtrace_symbols_fd(frames, k, 2);
+    g_trace = true;
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+namespace dtrain {
+namespace {
+
+using nn::Dense;
+using nn::Sequential;
+
+// Two Gaussian blobs per class in 8 dimensions: learnable to high accuracy.
+struct Blobs {
+  Tensor x, y;
+};
+Blobs make_blobs(int64_t n, int64_t classes, uint64_t seed) {
+  Philox rng(seed);
+  Tensor x(Shape{n, 8});
+  Tensor y(DType::kInt64, Shape{n});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = static_cast<int64_t>(rng.uniform_int(classes));
+    y.data<int64_t>()[i] = c;
+    for (int64_t d = 0; d < 8; ++d) {
+      const float center = (d % classes == c) ? 2.0f : 0.0f;
+      x.data<float>()[i * 8 + d] = center + 0.5f * rng.normal();
+    }
+  }
+  return {x, y};
+}
+
+std::unique_ptr<Sequential> small_model(uint64_t seed) {
+  auto m = std::make_unique<Sequential>(std::initializer_list<nn::LayerRef>{
+      Dense(16, {.activation = "relu", .seed = seed, .input_shape = Shape{8}}),
+      Dense(3, {.seed = seed + 1})});
+  m->compile(
+      {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01f}),
+       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
+       .metrics = {"accuracy"}});
+  return m;
+}
+
+TEST(Fit, LearnsAndReportsHistoryAndValidation) {
+  const Blobs train = make_blobs(600, 3, 1), test = make_blobs(200, 3, 2);
+  auto model = small_model(3);
+  const train::History h = model->fit(train.x, train.y,
+                                      {.epochs = 5,
+                                       .batch_size = 32,
+                                       .validation_data = std::make_pair(test.x, test.y),
+                                       .seed = 4,
+                                       .verbose = 0});
+  ASSERT_EQ(h.epochs(), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  for (const char* k : {"loss", "accuracy", "val_loss", "val_accuracy"}) {
+    ASSERT_EQ(h.history().at(k).size(), 5u) << k;
+  }
+  EXPECT_LT(h.history().at("loss").back(), h.history().at("loss").front());
+  EXPECT_GT(h.last("val_accuracy"), 0.9);
+  const nn::Logs eval = model->evaluate(test.x, test.y, {.batch_size = 64});
+  EXPECT_NEAR(eval.at("accuracy"), h.last("val_accuracy"), 1e-12);
+  EXPECT_NEAR(eval.at("loss"), h.last("val_loss"), 1e-6);
+}
+
+TEST(Fit, SameSeedGivesBitwiseIdenticalWeights) {
+  const Blobs train = make_blobs(500, 3, 5);
+  auto run = [&] {
+    set_random_seed(42);
+    nn::clear_session();
+    Sequential m(
+        {Dense(16, {.activation = "relu", .input_shape = Shape{8}}), nn::Dropout(0.2f), Dense(3)});
+    m.compile({.optimizer = "adam", .loss = "sparse_categorical_crossentropy"});
+    m.fit(train.x, train.y, {.epochs = 2, .batch_size = 16, .verbose = 0});
+    std::vector<Tensor> w;
+    for (Variable* v : m.weights()) w.push_back(v->tensor().clone());
+    return w;
+  };
+  const auto a = run(), b = run();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equals(b[i])) << "weight " << i;
+}
+
+TEST(Fit, EvaluateAveragesOverExamplesNotBatches) {
+  const Blobs d = make_blobs(100, 3, 6);
+  auto model = small_model(7);
+  // 100 = 64 + 36: a batch-weighted mean differs from the per-example mean unless weighted.
+  const double by64 = model->evaluate(d.x, d.y, {.batch_size = 64}).at("loss");
+  const double by100 = model->evaluate(d.x, d.y, {.batch_size = 100}).at("loss");
+  EXPECT_NEAR(by64, by100, 1e-6);
+}
+
+TEST(Fit, PredictConcatenatesBatches) {
+  const Blobs d = make_blobs(70, 3, 8);
+  auto model = small_model(9);
+  const Tensor p = model->predict(d.x, {.batch_size = 32});
+  ASSERT_EQ(p.shape(), (Shape{70, 3}));
+  const Tensor direct = (*model)(d.x);
+  for (int64_t i = 0; i < p.num_elements(); ++i) {
+    EXPECT_NEAR(p.data<float>()[i], direct.data<float>()[i], 1e-5);
+  }
+}
+
+TEST(Fit, StepsPerEpochInitialEpochAndCallbacks) {
+  const Blobs d = make_blobs(320, 3, 10);
+  auto model = small_model(11);
+  int batches = 0, epochs_begun = 0;
+  auto counter = std::make_shared<train::LambdaCallback>(train::LambdaCallbackOptions{
+      .on_epoch_begin = [&](int64_t, const nn::Logs&) { ++epochs_begun; },
+      .on_batch_end = [&](int64_t, const nn::Logs&) { ++batches; }});
+  const auto ds = data::Dataset::from_tensor_slices({d.x, d.y}).batch(32).repeat();
+  const auto h = model->fit(ds, {.epochs = 4,
+                                 .steps_per_epoch = 3,
+                                 .initial_epoch = 1,
+                                 .verbose = 0,
+                                 .callbacks = {counter}});
+  EXPECT_EQ(epochs_begun, 3);
+  EXPECT_EQ(batches, 9);
+  EXPECT_EQ(h.epochs(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(model->optimizer()->iterations(), 9);
+}
+
+TEST(Fit, EarlyStoppingStopsWhenTheMonitorStalls) {
+  const Blobs d = make_blobs(200, 3, 12);
+  auto model = small_model(13);
+  model->compile(
+      {.optimizer = std::make_shared<optim::SGD>(optim::SGDOptions{.learning_rate = 0.0f}),
+       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
+  auto stop = std::make_shared<train::EarlyStopping>(
+      train::EarlyStoppingOptions{.monitor = "loss", .min_delta = 1e-6, .patience = 2});
+  const auto h = model->fit(d.x, d.y, {.epochs = 20, .verbose = 0, .callbacks = {stop}});
+  EXPECT_EQ(h.epochs().size(), 3u);  // no improvement is possible with lr = 0
+  EXPECT_EQ(stop->stopped_epoch(), 2);
+}
+
+TEST(Fit, TerminateOnNaNStopsTraining) {
+  Blobs d = make_blobs(128, 3, 14);
+  d.x.data<float>()[5 * 8] = NAN;  // poisons the first batch's loss
+  auto model = small_model(15);
+  int batches = 0;
+  auto counter = std::make_shared<train::LambdaCallback>(
+      train::LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) { ++batches; }});
+  model->fit(d.x, d.y,
+             {.epochs = 3,
+              .batch_size = 32,
+              .shuffle = false,
+              .verbose = 0,
+              .callbacks = {std::make_shared<train::TerminateOnNaN>(), counter}});
+  EXPECT_EQ(batches, 1);
+}
+
+TEST(Fit, ErrorsNameTheProblem) {
+  const Blobs d = make_blobs(64, 3, 16);
+  Sequential uncompiled({Dense(3, {.input_shape = Shape{8}})});
+  EXPECT_THROW(uncompiled.fit(d.x, d.y, {.verbose = 0}), FailedPreconditionError);
+  auto model = small_model(17);
+  const Tensor wrong = Tensor::zeros(Shape{64, 7});
+  try {
+    model->fit(wrong, d.y, {.verbose = 0});
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("7"), std::string::npos) << e.what();
+  }
+  Tensor bad_labels = Tensor::from_vector<int64_t>(std::vector<int64_t>(64, 5), Shape{64});
+  try {
+    model->fit(d.x, bad_labels, {.verbose = 0});
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("label 5"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model->compile({.optimizer = "adamax", .loss = "mse"}), InvalidArgumentError);
+  EXPECT_THROW(model->compile({.optimizer = "adam", .loss = "hinge_ish"}), InvalidArgumentError);
+}
+
+TEST(Fit, TrainingStepsDoNotAllocateInSteadyState) {
+  const Blobs d = make_blobs(64 * 40, 3, 18);
+  auto model = small_model(19);
+  long at_batch_10 = 0, at_batch_35 = 0;
+  uint64_t sys_at_10 = 0, sys_at_35 = 0;
+  auto probe = std::make_shared<train::LambdaCallback>(
+      train::LambdaCallbackOptions{.on_batch_end = [&](int64_t b, const nn::Logs&) {
+        if (b == 10) {
+          if (std::getenv("DTRAIN_TRACE_NEW")) g_trace = true;
+          at_batch_10 = g_news.load();
+          sys_at_10 = allocator_stats().system_allocations;
+        }
+        if (b == 35) {
+          g_trace = false;
+          at_batch_35 = g_news.load();
+          sys_at_35 = allocator_stats().system_allocations;
+        }
+      }});
+  model->fit(d.x, d.y, {.epochs = 1, .batch_size = 64, .verbose = 0, .callbacks = {probe}});
+  EXPECT_EQ(at_batch_35 - at_batch_10, 0) << "operator new calls in 25 training steps";
+  EXPECT_EQ(sys_at_35, sys_at_10) << "tensor buffers taken from the system in 25 steps";
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  libleveldb-dev libsnappy-dev libhdf5-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
 )

@@ -1,0 +1,132 @@
+#include "dtrain/core/file.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "dtrain_file_test_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+  int entries() const {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir_)) ++n;
+    return n;
+  }
+  std::string dir_;
+};
+
+TEST_F(FileTest, CommitReplacesTheFileAndLeavesNoTemporary) {
+  write_file_atomically(path("a"), "old");
+  AtomicFile f(path("a"));
+  EXPECT_EQ(fs::path(f.temp_path()).parent_path(), fs::path(dir_));
+  f.append("new ");
+  std::string big(3 << 20, 'x');  // larger than the buffer: written without a copy
+  f.append(big);
+  f.append("tail");
+  EXPECT_EQ(f.size(), 4 + big.size() + 4);
+  EXPECT_EQ(read_file(path("a")), "old");  // not visible before commit
+  f.commit();
+  EXPECT_EQ(read_file(path("a")), "new " + big + "tail");
+  EXPECT_EQ(entries(), 1);
+}
+
+TEST_F(FileTest, AbortAndDestructionKeepTheOldFile) {
+  write_file_atomically(path("a"), "old");
+  {
+    AtomicFile f(path("a"));
+    f.append("half-written");
+  }
+  EXPECT_EQ(read_file(path("a")), "old");
+  AtomicFile g(path("a"));
+  g.append("x");
+  g.abort();
+  g.abort();
+  EXPECT_EQ(read_file(path("a")), "old");
+  EXPECT_EQ(entries(), 1);
+  EXPECT_THROW(g.append("y"), InvalidArgumentError);
+}
+
+TEST_F(FileTest, ErrorsNameThePathAndMapErrno) {
+  try {
+    read_file(path("missing"));
+    FAIL();
+  } catch (const NotFoundError& e) {
+    EXPECT_NE(std::string(e.what()).find(path("missing")), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(AtomicFile(path("no/such/dir/file")), NotFoundError);
+  try {
+    throw_file_error(ENOSPC, "write", "/x/y");
+  } catch (const ResourceExhaustedError& e) {
+    EXPECT_STREQ(e.what(), "write /x/y: No space left on device");
+  }
+  EXPECT_THROW(throw_file_error(EFBIG, "write", "p"), ResourceExhaustedError);
+  EXPECT_THROW(throw_file_error(EISDIR, "open", "p"), InvalidArgumentError);
+  try {
+    throw_file_error(EACCES, "open", "p");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
+  }
+}
+
+// A full disk, simulated with RLIMIT_FSIZE in a child (SIGXFSZ ignored, so write fails with
+// EFBIG): the write throws ResourceExhaustedError and the previous file stays intact.
+TEST_F(FileTest, FileSizeLimitFailsCleanlyAndKeepsTheOldFile) {
+  write_file_atomically(path("a"), "previous");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{100000, 100000};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      AtomicFile f(path("a"));
+      std::string chunk(30000, 'z');
+      for (int i = 0; i < 10; ++i) f.append(chunk);
+      f.commit();
+      _exit(1);
+    } catch (const ResourceExhaustedError& e) {
+      const std::string what = e.what();
+      _exit(what.find(path("a")) != std::string::npos &&
+                    what.find("File too large") != std::string::npos
+                ? 0
+                : 2);
+    } catch (...) {
+      _exit(3);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(read_file(path("a")), "previous");
+  EXPECT_EQ(entries(), 1);  // the temporary file was removed
+}
+
+TEST_F(FileTest, EmptyFileAndSyncDirectory) {
+  write_file_atomically(path("empty"), "");
+  EXPECT_EQ(read_file(path("empty")), "");
+  sync_directory(dir_);
+  EXPECT_THROW(sync_directory(path("nope")), NotFoundError);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message; usage errors exit with 2, as most command-line tools do.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     return run ? run() : 0;

@@ -144,7 +144,7 @@ TEST_F(CliTest, InvalidModelJsonAndUnknownNames) {
 
 TEST_F(CliTest, UnknownFlagIsAUsageError) {
   const Result r = run("fit --epochz 3");
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("epochz"), std::string::npos) << r.output;
 }
 

@@ -7,11 +7,13 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   libleveldb-dev libsnappy-dev libhdf5-dev
+  libgloo-dev libhiredis-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  redis-server iproute2
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-numpy hyperfine)
+  packages+=(python3-torch python3-numpy)
 fi
 
 sudo=""

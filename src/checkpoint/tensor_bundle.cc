@@ -1,0 +1,520 @@
+// TensorBundle V2 reader and writer. The index is a LevelDB table built with
+// leveldb::TableBuilder under TF's options (no compression, no filter, restart interval 16,
+// 256 KiB blocks), which reproduces TF's .index bytes; reading goes through leveldb::Table,
+// which also decompresses snappy blocks and verifies every block checksum.
+#include "dtrain/checkpoint/tensor_bundle.h"
+
+#include <fcntl.h>
+#include <leveldb/env.h>
+#include <leveldb/iterator.h>
+#include <leveldb/options.h>
+#include <leveldb/table.h>
+#include <leveldb/table_builder.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "dtrain/core/crc32c.h"
+#include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
+#include "proto_wire.h"
+
+namespace dtrain::checkpoint {
+namespace {
+
+constexpr size_t kTableBlockSize = 262144;  // TF's BundleWriter/MergeBundles block size
+constexpr int kTableRestartInterval = 16;
+constexpr int kBundleVersion = 1;              // kTensorBundleVersion (producer)
+constexpr int kBundleMinConsumer = 0;          // kTensorBundleMinConsumer
+constexpr size_t kCrcChunk = size_t{1} << 20;  // CRC and write large tensors in L2-sized pieces
+
+// leveldb::WritableFile over a string: the index is small, so it is built in memory and then
+// written through an AtomicFile.
+class StringSink : public leveldb::WritableFile {
+ public:
+  leveldb::Status Append(const leveldb::Slice& data) override {
+    out.append(data.data(), data.size());
+    return leveldb::Status::OK();
+  }
+  leveldb::Status Close() override { return leveldb::Status::OK(); }
+  leveldb::Status Flush() override { return leveldb::Status::OK(); }
+  leveldb::Status Sync() override { return leveldb::Status::OK(); }
+  std::string out;
+};
+
+// leveldb::RandomAccessFile over the index bytes read into memory.
+class StringSource : public leveldb::RandomAccessFile {
+ public:
+  explicit StringSource(const std::string& s) : s_(s) {}
+  leveldb::Status Read(uint64_t offset, size_t n, leveldb::Slice* result,
+                       char* /*scratch*/) const override {
+    if (offset > s_.size()) return leveldb::Status::IOError("read past the end of the index");
+    n = std::min(n, s_.size() - static_cast<size_t>(offset));
+    *result = leveldb::Slice(s_.data() + offset, n);
+    return leveldb::Status::OK();
+  }
+
+ private:
+  const std::string& s_;
+};
+
+std::string encode_header(int num_shards) {
+  std::string out, version;
+  wire::put_varint_field(out, 1, static_cast<uint64_t>(num_shards));
+  wire::put_varint_field(version, 1, kBundleVersion);  // producer; min_consumer 0 is omitted
+  wire::put_bytes_field(out, 3, version);
+  return out;
+}
+
+std::string encode_shape(const Shape& shape) {
+  std::string out, dim;
+  for (int64_t d : shape) {
+    dim.clear();
+    if (d != 0) wire::put_varint_field(dim, 1, static_cast<uint64_t>(d));
+    wire::put_bytes_field(out, 2, dim);
+  }
+  return out;
+}
+
+std::string encode_entry(const BundleEntry& e) {
+  std::string out;
+  wire::put_varint_field(out, 1, static_cast<uint64_t>(static_cast<int32_t>(e.dtype)));
+  wire::put_bytes_field(out, 2, encode_shape(e.shape));
+  if (e.shard_id != 0) wire::put_varint_field(out, 3, static_cast<uint64_t>(e.shard_id));
+  if (e.offset != 0) wire::put_varint_field(out, 4, static_cast<uint64_t>(e.offset));
+  if (e.size != 0) wire::put_varint_field(out, 5, static_cast<uint64_t>(e.size));
+  if (e.masked_crc32c != 0) wire::put_fixed32_field(out, 6, e.masked_crc32c);
+  return out;
+}
+
+Shape decode_shape(std::string_view bytes, const std::string& what) {
+  Shape shape;
+  wire::Reader r(bytes, what + " (TensorShapeProto)");
+  wire::Field f;
+  while (r.next(f)) {
+    if (f.number == 2 && f.type == wire::kLengthDelimited) {
+      int64_t size = 0;
+      wire::Reader dr(f.bytes, what + " (TensorShapeProto.Dim)");
+      wire::Field df;
+      while (dr.next(df)) {
+        if (df.number == 1 && df.type == wire::kVarint) size = static_cast<int64_t>(df.varint);
+      }
+      if (size < 0) throw DataLossError(str_cat(what, ": negative dimension ", size));
+      if (shape.rank() == Shape::kMaxRank) {
+        throw UnimplementedError(
+            str_cat(what, ": rank above ", Shape::kMaxRank, " is not supported"));
+      }
+      shape.push_back(size);
+    } else if (f.number == 3 && f.varint != 0) {
+      throw DataLossError(str_cat(what, ": shape of unknown rank in a checkpoint"));
+    }
+  }
+  return shape;
+}
+
+BundleEntry decode_entry(std::string_view bytes, const std::string& what) {
+  BundleEntry e;
+  wire::Reader r(bytes, what);
+  wire::Field f;
+  while (r.next(f)) {
+    switch (f.number) {
+      case 1:
+        e.dtype = static_cast<DType>(static_cast<int32_t>(f.varint));
+        break;
+      case 2:
+        e.shape = decode_shape(f.bytes, what);
+        break;
+      case 3:
+        e.shard_id = static_cast<int32_t>(f.varint);
+        break;
+      case 4:
+        e.offset = static_cast<int64_t>(f.varint);
+        break;
+      case 5:
+        e.size = static_cast<int64_t>(f.varint);
+        break;
+      case 6:
+        e.masked_crc32c = static_cast<uint32_t>(f.varint);
+        break;
+      case 7:
+        e.partitioned = true;
+        break;
+      default:
+        break;  // unknown fields are skipped, as protobuf does
+    }
+  }
+  return e;
+}
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+void byte_swap(void* data, size_t elem, size_t n) {
+  auto* p = static_cast<uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i, p += elem) std::reverse(p, p + elem);
+}
+
+}  // namespace
+
+std::string index_filename(const std::string& prefix) { return prefix + ".index"; }
+
+std::string data_filename(const std::string& prefix, int shard, int num_shards) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), ".data-%05d-of-%05d", shard, num_shards);
+  return prefix + buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// BundleWriter
+
+struct BundleWriter::Impl {
+  BundleWriterOptions options;
+  std::unique_ptr<AtomicFile> data;
+  std::map<std::string, BundleEntry, std::less<>> entries;
+  bool finished = false;
+
+  BundleEntry& new_entry(std::string_view key, const std::string& prefix) {
+    DTRAIN_CHECK(!finished, "BundleWriter ", prefix, ": add after finish()");
+    DTRAIN_CHECK(!key.empty(), "BundleWriter ", prefix,
+                 ": the empty key is reserved for the bundle header");
+    auto [it, inserted] = entries.try_emplace(std::string(key));
+    DTRAIN_CHECK(inserted, "BundleWriter ", prefix, ": tensor '", key, "' was added twice");
+    it->second.offset = static_cast<int64_t>(data->size());
+    return it->second;
+  }
+};
+
+BundleWriter::BundleWriter(std::string prefix, BundleWriterOptions options)
+    : prefix_(std::move(prefix)), impl_(std::make_unique<Impl>()) {
+  DTRAIN_CHECK(!prefix_.empty(), "BundleWriter: empty prefix");
+  impl_->options = options;
+  const std::filesystem::path parent = std::filesystem::path(prefix_).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec) throw_file_error(ec.value(), "create directory", parent.string());
+  }
+  impl_->data = std::make_unique<AtomicFile>(
+      data_filename(prefix_, 0, 1),
+      AtomicFileOptions{.sync = options.sync, .buffer_size = 256u << 10});
+}
+
+BundleWriter::~BundleWriter() = default;
+
+int64_t BundleWriter::data_bytes() const { return static_cast<int64_t>(impl_->data->size()); }
+
+void BundleWriter::add(std::string_view key, const Tensor& tensor) {
+  DTRAIN_CHECK(tensor.defined(), "BundleWriter ", prefix_, ": tensor '", key, "' is undefined");
+  DTRAIN_CHECK(tensor.dtype() != DType::kString, "BundleWriter ", prefix_, ": use add_strings");
+  BundleEntry& e = impl_->new_entry(key, prefix_);
+  e.dtype = tensor.dtype();
+  e.shape = tensor.shape();
+  const size_t n = tensor.nbytes();
+  const auto* p = static_cast<const char*>(tensor.raw_data());
+  uint32_t crc = 0;
+  for (size_t done = 0; done < n;) {
+    const size_t chunk = std::min(kCrcChunk, n - done);
+    crc = crc32c::extend(crc, p + done, chunk);
+    impl_->data->append(p + done, chunk);
+    done += chunk;
+  }
+  e.size = static_cast<int64_t>(n);
+  e.masked_crc32c = crc32c::mask(crc);
+}
+
+void BundleWriter::add_strings(std::string_view key, const std::vector<std::string>& values,
+                               const Shape& shape) {
+  DTRAIN_CHECK(static_cast<int64_t>(values.size()) == shape.num_elements(), "BundleWriter ",
+               prefix_, ": string tensor '", key, "' has ", values.size(), " elements but shape ",
+               shape.to_string());
+  BundleEntry& e = impl_->new_entry(key, prefix_);
+  e.dtype = DType::kString;
+  e.shape = shape;
+  // TF's WriteStringTensor: varint64 lengths, a masked checksum of the lengths (each fed to the
+  // CRC as a 4-byte LE uint32, or 8 bytes past 4 GiB), then the bytes.
+  std::string header;
+  uint32_t crc = 0;
+  for (const std::string& s : values) {
+    wire::put_varint(header, s.size());
+    if (s.size() <= 0xffffffffu) {
+      const uint32_t len = static_cast<uint32_t>(s.size());
+      crc = crc32c::extend(crc, &len, 4);
+    } else {
+      const uint64_t len = s.size();
+      crc = crc32c::extend(crc, &len, 8);
+    }
+  }
+  const size_t lengths_end = header.size();
+  wire::put_fixed32(header, crc32c::mask(crc));
+  crc = crc32c::extend(crc, header.data() + lengths_end, 4);
+  impl_->data->append(header);
+  int64_t size = static_cast<int64_t>(header.size());
+  for (const std::string& s : values) {
+    crc = crc32c::extend(crc, s.data(), s.size());
+    impl_->data->append(s);
+    size += static_cast<int64_t>(s.size());
+  }
+  e.size = size;
+  e.masked_crc32c = crc32c::mask(crc);
+}
+
+void BundleWriter::finish() {
+  DTRAIN_CHECK(!impl_->finished, "BundleWriter ", prefix_, ": finish() called twice");
+  impl_->finished = true;
+  impl_->data->commit();
+
+  leveldb::Options options;
+  options.compression = leveldb::kNoCompression;
+  options.block_size = kTableBlockSize;
+  options.block_restart_interval = kTableRestartInterval;
+  options.filter_policy = nullptr;
+  StringSink sink;
+  leveldb::TableBuilder builder(options, &sink);
+  builder.Add(leveldb::Slice(), encode_header(1));
+  std::string value;
+  for (const auto& [key, entry] : impl_->entries) {
+    value = encode_entry(entry);
+    // TF's table builder flushes the block before an entry of two blocks or more.
+    if (key.size() + value.size() >= 2 * kTableBlockSize) builder.Flush();
+    builder.Add(key, value);
+  }
+  const leveldb::Status st = builder.Finish();
+  if (!st.ok()) throw InternalError(str_cat("BundleWriter ", prefix_, ": ", st.ToString()));
+  write_file_atomically(index_filename(prefix_), sink.out,
+                        AtomicFileOptions{.sync = impl_->options.sync});
+}
+
+// ---------------------------------------------------------------------------------------------
+// BundleReader
+
+BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
+  const std::string index_path = index_filename(prefix_);
+  const std::string index = read_file(index_path);  // NotFoundError when absent
+  StringSource source(index);
+  leveldb::Options options;
+  options.paranoid_checks = true;  // verify the index block's checksum at open
+  leveldb::Table* raw_table = nullptr;
+  leveldb::Status st = leveldb::Table::Open(options, &source, index.size(), &raw_table);
+  if (!st.ok()) {
+    throw DataLossError(str_cat("checkpoint index ", index_path, " is corrupt or truncated (",
+                                index.size(), " bytes): ", st.ToString()));
+  }
+  std::unique_ptr<leveldb::Table> table(raw_table);
+  leveldb::ReadOptions read_options;
+  read_options.verify_checksums = true;
+  read_options.fill_cache = false;
+  std::unique_ptr<leveldb::Iterator> it(table->NewIterator(read_options));
+  bool have_header = false;
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    const std::string key = it->key().ToString();
+    const std::string_view value(it->value().data(), it->value().size());
+    if (key.empty()) {
+      wire::Reader r(value, str_cat("BundleHeaderProto in ", index_path));
+      wire::Field f;
+      while (r.next(f)) {
+        if (f.number == 1) num_shards_ = static_cast<int>(f.varint);
+        if (f.number == 2 && f.varint != 0) {
+          big_endian_ = true;
+        }
+        if (f.number == 3) {
+          wire::Reader vr(f.bytes, str_cat("VersionDef in ", index_path));
+          wire::Field vf;
+          while (vr.next(vf)) {
+            if (vf.number == 2 && static_cast<int64_t>(vf.varint) > kBundleVersion) {
+              throw UnimplementedError(str_cat("checkpoint index ", index_path,
+                                               " needs a newer reader (min_consumer ", vf.varint,
+                                               ")"));
+            }
+          }
+        }
+      }
+      have_header = true;
+      continue;
+    }
+    BundleEntry e = decode_entry(value, str_cat("BundleEntryProto of '", key, "' in ", index_path));
+    entries_.emplace(key, e);
+  }
+  if (!it->status().ok()) {
+    throw DataLossError(
+        str_cat("checkpoint index ", index_path, " is corrupt: ", it->status().ToString()));
+  }
+  if (!have_header) {
+    throw DataLossError(str_cat("checkpoint index ", index_path, " has no bundle header"));
+  }
+  if (num_shards_ < 1 || num_shards_ > 100000) {
+    throw DataLossError(
+        str_cat("checkpoint index ", index_path, " has an invalid num_shards ", num_shards_));
+  }
+  // Open every shard and check that each entry lies inside it, so that a truncated data file is
+  // reported now, naming the first tensor it cut.
+  std::vector<int64_t> sizes;
+  for (int s = 0; s < num_shards_; ++s) {
+    const std::string path = data_filename(prefix_, s, num_shards_);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      for (int f : fds_) ::close(f);
+      fds_.clear();
+      throw DataLossError(str_cat("checkpoint ", prefix_, ": data file ", path,
+                                  " cannot be opened: ", std::strerror(err)));
+    }
+    fds_.push_back(fd);
+    struct stat st_buf;
+    sizes.push_back(::fstat(fd, &st_buf) == 0 ? static_cast<int64_t>(st_buf.st_size) : 0);
+  }
+  for (const auto& [key, e] : entries_) {
+    if (e.partitioned) continue;
+    if (e.shard_id < 0 || e.shard_id >= num_shards_ || e.offset < 0 || e.size < 0) {
+      throw DataLossError(str_cat("checkpoint index ", index_path, ": tensor '", key,
+                                  "' has an invalid location (shard ", e.shard_id, ", offset ",
+                                  e.offset, ", size ", e.size, ")"));
+    }
+    if (e.offset + e.size > sizes[static_cast<size_t>(e.shard_id)]) {
+      throw DataLossError(str_cat(
+          "checkpoint data file ", data_filename(prefix_, e.shard_id, num_shards_),
+          " is truncated: it has ", sizes[static_cast<size_t>(e.shard_id)], " bytes but tensor '",
+          key, "' occupies bytes [", e.offset, ", ", e.offset + e.size, ")"));
+    }
+  }
+}
+
+BundleReader::~BundleReader() {
+  for (int fd : fds_) ::close(fd);
+}
+
+std::vector<std::string> BundleReader::keys() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [key, e] : entries_) out.push_back(key);
+  return out;
+}
+
+bool BundleReader::contains(std::string_view key) const { return entries_.count(key) != 0; }
+
+const BundleEntry& BundleReader::entry(std::string_view key) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    throw NotFoundError(
+        str_cat("key '", key, "' not found in checkpoint ", index_filename(prefix_)));
+  }
+  return it->second;
+}
+
+void BundleReader::read_bytes(const BundleEntry& e, std::string_view key, void* dst) const {
+  const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
+  const int fd = fds_[static_cast<size_t>(e.shard_id)];
+  auto* p = static_cast<char*>(dst);
+  size_t left = static_cast<size_t>(e.size);
+  off_t off = static_cast<off_t>(e.offset);
+  while (left > 0) {
+    const ssize_t r = ::pread(fd, p, left, off);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_file_error(errno, str_cat("read tensor '", key, "' from"), path);
+    }
+    if (r == 0) {
+      throw DataLossError(str_cat("checkpoint data file ", path, " is truncated: tensor '", key,
+                                  "' occupies bytes [", e.offset, ", ", e.offset + e.size,
+                                  ") but the file ends at ", off));
+    }
+    p += r;
+    off += r;
+    left -= static_cast<size_t>(r);
+  }
+}
+
+Tensor BundleReader::read(std::string_view key) const {
+  const BundleEntry& e = entry(key);
+  const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
+  if (e.dtype == DType::kString) {
+    throw InvalidArgumentError(
+        str_cat("checkpoint ", prefix_, ": tensor '", key, "' holds strings; use read_strings()"));
+  }
+  if (e.partitioned) {
+    throw UnimplementedError(str_cat("checkpoint ", prefix_, ": tensor '", key,
+                                     "' is partitioned into slices, which dtrain cannot read"));
+  }
+  const size_t elem = dtype_size(e.dtype);
+  if (elem == 0) {
+    throw UnimplementedError(str_cat("checkpoint ", prefix_, ": tensor '", key, "' has dtype ",
+                                     static_cast<int>(e.dtype),
+                                     " (TF DataType enum), which dtrain does not support"));
+  }
+  const int64_t expected = e.shape.num_elements() * static_cast<int64_t>(elem);
+  if (expected != e.size) {
+    throw DataLossError(str_cat("checkpoint index ", index_filename(prefix_), ": tensor '", key,
+                                "' of dtype ", dtype_name(e.dtype), " and shape ",
+                                e.shape.to_string(), " needs ", expected,
+                                " bytes but its entry says ", e.size));
+  }
+  Tensor t(e.dtype, e.shape);
+  read_bytes(e, key, t.raw_data());
+  const uint32_t crc = crc32c::value(t.raw_data(), static_cast<size_t>(e.size));
+  if (crc != crc32c::unmask(e.masked_crc32c)) {
+    throw DataLossError(str_cat("checkpoint data file ", path, ": tensor '", key, "' (bytes [",
+                                e.offset, ", ", e.offset + e.size, ")) fails its CRC32C check (",
+                                hex32(crc), ", index says ", hex32(crc32c::unmask(e.masked_crc32c)),
+                                "): the checkpoint is corrupt"));
+  }
+  if (big_endian_ && elem > 1) byte_swap(t.raw_data(), elem, static_cast<size_t>(t.num_elements()));
+  return t;
+}
+
+std::vector<std::string> BundleReader::read_strings(std::string_view key) const {
+  const BundleEntry& e = entry(key);
+  const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
+  if (e.dtype != DType::kString) {
+    throw InvalidArgumentError(str_cat("checkpoint ", prefix_, ": tensor '", key, "' has dtype ",
+                                       dtype_name(e.dtype), ", not string"));
+  }
+  std::string buf(static_cast<size_t>(e.size), '\0');
+  read_bytes(e, key, buf.data());
+  auto corrupt = [&](const std::string& why) {
+    return DataLossError(str_cat("checkpoint data file ", path, ": string tensor '", key,
+                                 "' (bytes [", e.offset, ", ", e.offset + e.size, ")) ", why,
+                                 ": the checkpoint is corrupt"));
+  };
+  const int64_t n = e.shape.num_elements();
+  const char* p = buf.data();
+  const char* end = p + buf.size();
+  std::vector<uint64_t> lengths(static_cast<size_t>(n));
+  uint32_t crc = 0;
+  for (auto& len : lengths) {
+    if (!wire::get_varint(p, end, &len)) throw corrupt("has a malformed length");
+    if (len <= 0xffffffffu) {
+      const uint32_t l32 = static_cast<uint32_t>(len);
+      crc = crc32c::extend(crc, &l32, 4);
+    } else {
+      crc = crc32c::extend(crc, &len, 8);
+    }
+  }
+  if (end - p < 4) throw corrupt("ends inside its header");
+  uint32_t stored = 0;
+  std::memcpy(&stored, p, 4);
+  if (crc32c::unmask(stored) != crc) throw corrupt("fails its length checksum");
+  crc = crc32c::extend(crc, p, 4);
+  p += 4;
+  std::vector<std::string> out;
+  out.reserve(lengths.size());
+  for (uint64_t len : lengths) {
+    if (static_cast<uint64_t>(end - p) < len) throw corrupt("is shorter than its lengths say");
+    crc = crc32c::extend(crc, p, len);
+    out.emplace_back(p, len);
+    p += len;
+  }
+  if (crc != crc32c::unmask(e.masked_crc32c)) {
+    throw corrupt(str_cat("fails its CRC32C check (", hex32(crc), ", index says ",
+                          hex32(crc32c::unmask(e.masked_crc32c)), ")"));
+  }
+  return out;
+}
+
+}  // namespace dtrain::checkpoint

@@ -208,6 +208,14 @@ class ShapeResolvedAccuracy : public Metric {
   void reset_state() override {
     if (inner_) inner_->reset_state();
   }
+  std::pair<double, double> state() const override {
+    return inner_ ? inner_->state() : std::pair<double, double>{0, 0};
+  }
+  void set_state(double total, double count) override {
+    // A worker that saw no batch yet has no inner metric; the state is a plain mean either way.
+    if (!inner_) inner_ = std::make_unique<SparseCategoricalAccuracy>(name());
+    inner_->set_state(total, count);
+  }
 
  private:
   std::unique_ptr<Metric> inner_;

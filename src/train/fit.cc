@@ -5,6 +5,7 @@
 
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/core/random.h"
 #include "dtrain/train/training.h"
 #include "progress_bar.h"
 
@@ -81,6 +82,115 @@ void train_step(Model& model, train::TrainingState& s, const Tensor& x, const Te
   for (const auto& m : s.metrics) m->update_state(y, pred);
 }
 
+// Rows [begin, end) of part `i` of `n` rows split into `parts` nearly equal parts (the first
+// n % parts parts get one row more), as TF splits a global batch across replicas.
+std::pair<int64_t, int64_t> part_bounds(int64_t n, int64_t parts, int64_t i) {
+  return {i * n / parts, (i + 1) * n / parts};
+}
+
+// One synchronous data-parallel step (TF's MirroredStrategy / MultiWorkerMirroredStrategy
+// semantics): this worker takes its part of the global batch, each local replica computes the
+// gradient of its loss scaled by (replica rows / global rows) on its own tape and thread, the
+// replicas' gradients are summed in replica order, then across workers, and every worker
+// applies the same update to its (identical) variables.
+void distributed_train_step(Model& model, train::TrainingState& s, const Tensor& x,
+                            const Tensor& y) {
+  distribute::Strategy& st = *s.strategy;
+  const int64_t global = x.dim(0);
+  const int64_t workers = st.num_workers(), local = st.num_local_replicas();
+  const int64_t parts = workers * local;
+  if (static_cast<int64_t>(s.replicas.size()) != local)
+    s.replicas.resize(static_cast<size_t>(local));
+  for (int64_t r = 0; r < local; ++r) {
+    const auto [b, e] = part_bounds(global, parts, st.worker_rank() * local + r);
+    s.replicas[r].x = x.slice(b, e);
+    s.replicas[r].y = y.slice(b, e);
+  }
+  struct Ctx {
+    Model* model;
+    train::TrainingState* s;
+    int64_t global;
+  } ctx{&model, &s, global};
+  st.run([c = &ctx](int r) {
+    train::TrainingState::Replica& rep = c->s->replicas[r];
+    const int64_t rows = rep.x.dim(0);
+    if (rows == 0) {
+      rep.grads.clear();
+      rep.y_pred = Tensor();
+      rep.loss = 0;
+      return;
+    }
+    GradientTape tape;
+    const Tensor y_pred = (*c->model)(rep.x, /*training=*/true);
+    const Tensor loss = (*c->s->loss)(rep.y, y_pred);
+    // Σ over replicas of (mean loss over the replica's rows · rows / global) is the mean over the
+    // global batch, so summed gradients are the global batch's gradient.
+    const Tensor scaled = scale(loss, static_cast<float>(rows) / static_cast<float>(c->global));
+    tape.gradient(scaled, c->s->trainable, rep.grads);
+    rep.loss = loss.item();
+    rep.y_pred = stop_gradient(y_pred);
+  });
+  // Sum the local replicas' gradients into s.grads in replica order (deterministic).
+  s.grads.resize(s.trainable.size());
+  for (size_t v = 0; v < s.trainable.size(); ++v) {
+    Tensor& sum = s.grads[v];
+    bool first = true;
+    for (int64_t r = 0; r < local; ++r) {
+      const auto& g = s.replicas[r].grads;
+      if (g.empty() || !g[v].defined()) continue;
+      if (first) {
+        if (!sum.defined() || sum.shape() != g[v].shape() || sum.use_count() > 1) {
+          sum = Tensor(g[v].shape());
+        }
+        sum.copy_from(g[v]);
+        first = false;
+      } else {
+        float* d = sum.data<float>();
+        const float* src = g[v].data<float>();
+        for (int64_t i = 0, n = sum.num_elements(); i < n; ++i) d[i] += src[i];
+      }
+    }
+    if (first) {
+      // No local replica produced this gradient (e.g. every local part was empty): contribute 0.
+      if (!sum.defined() || sum.shape() != s.trainable[v]->shape()) {
+        sum = Tensor(s.trainable[v]->shape());
+      }
+      sum.fill(0);
+    }
+  }
+  st.all_reduce_across_workers(s.grads, distribute::ReduceOp::kSum);
+  s.optimizer->apply_gradients(s.grads, s.trainable);
+  for (int64_t r = 0; r < local; ++r) {
+    const train::TrainingState::Replica& rep = s.replicas[r];
+    if (!rep.y_pred.defined()) continue;
+    s.loss_tracker.update_state(rep.loss, static_cast<double>(rep.x.dim(0)));
+    for (const auto& m : s.metrics) m->update_state(rep.y, rep.y_pred);
+  }
+}
+
+// Sums the epoch's metric states across workers so every worker reports the global values.
+void all_reduce_metrics(train::TrainingState& s) {
+  if (s.strategy == nullptr || s.strategy->num_workers() == 1) return;
+  auto reduce = [&](nn::Metric& m) {
+    const auto [total, count] = m.state();
+    m.set_state(s.strategy->all_reduce_scalar(total, distribute::ReduceOp::kSum),
+                s.strategy->all_reduce_scalar(count, distribute::ReduceOp::kSum));
+  };
+  reduce(s.loss_tracker);
+  for (const auto& m : s.metrics) reduce(*m);
+}
+
+// Before the first step under a multi-worker strategy: every worker starts from the chief's
+// variables (TF broadcasts them when variables are created in scope).
+void sync_initial_variables(Model& model, train::TrainingState& s) {
+  if (s.variables_synced || s.strategy == nullptr) return;
+  s.variables_synced = true;
+  if (s.strategy->num_workers() == 1) return;
+  std::vector<Tensor> values;
+  for (Variable* v : model.weights()) values.push_back(v->tensor());
+  s.strategy->broadcast_from_chief(values);
+}
+
 void test_step(Model& model, train::TrainingState& s, const Tensor& x, const Tensor& y) {
   const Tensor y_pred = model(x, /*training=*/false);
   const Tensor loss = (*s.loss)(y, y_pred);
@@ -96,6 +206,8 @@ Logs run_evaluation(Model& model, const data::Dataset& dataset, std::optional<in
   reset_metrics(s);
   Logs logs;
   for (const auto& cb : callbacks) cb->on_test_begin(logs);
+  distribute::Strategy* st = s.strategy;
+  const bool split = st != nullptr && st->num_workers() > 1;
   const int64_t card = dataset.cardinality();
   ProgressBar bar(verbose, steps ? *steps : (card >= 0 ? card : -1));
   data::Iterator it = dataset.iterator();
@@ -103,13 +215,20 @@ Logs run_evaluation(Model& model, const data::Dataset& dataset, std::optional<in
   int64_t step = 0;
   while ((!steps || step < *steps) && it.next(e)) {
     check_element(e, "evaluate");
-    test_step(model, s, e[0], e[1]);
+    if (split) {
+      // Each worker evaluates its part of every batch; the totals are summed below.
+      const auto [b, end] = part_bounds(e[0].dim(0), st->num_workers(), st->worker_rank());
+      if (end > b) test_step(model, s, e[0].slice(b, end), e[1].slice(b, end));
+    } else {
+      test_step(model, s, e[0], e[1]);
+    }
     ++step;
     fill_logs(s, logs);
     for (const auto& cb : callbacks) cb->on_test_batch_end(step - 1, logs);
     bar.update(step, logs);
   }
   DTRAIN_CHECK(step > 0, "evaluate: the dataset is empty");
+  all_reduce_metrics(s);
   fill_logs(s, logs);
   bar.update(step, logs, true);
   for (const auto& cb : callbacks) cb->on_test_end(logs);
@@ -128,6 +247,7 @@ void Model::compile(const train::CompileOptions& options) {
   for (const std::string& name : options.metrics) {
     s->metrics.push_back(nn::metric_from_name(name, s->loss.get()));
   }
+  s->strategy = distribute::current_strategy();
   set_training_state(std::move(s));
 }
 
@@ -186,8 +306,13 @@ train::History Model::fit(const data::Dataset& dataset, const train::FitOptions&
         // Build on the first batch, then fix the variable list for the whole run.
         if (!built()) build(e[0].shape().without_first());
         s.trainable = trainable_variables();
+        sync_initial_variables(*this, s);
       }
-      train_step(*this, s, e[0], e[1]);
+      if (s.strategy != nullptr) {
+        distributed_train_step(*this, s, e[0], e[1]);
+      } else {
+        train_step(*this, s, e[0], e[1]);
+      }
       ++step;
       fill_logs(s, logs);
       for (const auto& cb : callbacks) cb->on_train_batch_end(step - 1, logs);
@@ -195,6 +320,8 @@ train::History Model::fit(const data::Dataset& dataset, const train::FitOptions&
       if (s.stop_training) break;
     }
     DTRAIN_CHECK(step > 0 || out_of_data, "fit: the training dataset is empty");
+    all_reduce_metrics(s);
+    fill_logs(s, logs);
     if (validation && step > 0) {
       const Logs val = run_evaluation(*this, *validation, std::nullopt, 0, {}, "val_");
       reset_metrics(s);  // evaluation reused the trackers; restore the epoch's training values
@@ -217,7 +344,18 @@ train::History Model::fit(const Tensor& x, const Tensor& y, const train::FitOpti
   DTRAIN_CHECK(options.batch_size > 0, "fit: batch_size must be positive, got ",
                options.batch_size);
   data::Dataset ds = data::Dataset::from_tensor_slices({x, y});
-  if (options.shuffle) ds = ds.shuffle(x.dim(0), options.seed, /*reshuffle_each_iteration=*/true);
+  if (options.shuffle) {
+    std::optional<uint64_t> seed = options.seed;
+    if (training_ && training_->strategy != nullptr && training_->strategy->num_workers() > 1) {
+      // Every worker must walk the same permutation and take its part of each global batch:
+      // agree on the chief's seed (52 bits travel exactly in a double).
+      const uint64_t mine = (seed ? *seed : next_seed()) & ((uint64_t{1} << 52) - 1);
+      seed = static_cast<uint64_t>(training_->strategy->all_reduce_scalar(
+          training_->strategy->is_chief() ? static_cast<double>(mine) : 0.0,
+          distribute::ReduceOp::kSum));
+    }
+    ds = ds.shuffle(x.dim(0), seed, /*reshuffle_each_iteration=*/true);
+  }
   return fit(ds.batch(options.batch_size), options);
 }
 

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "dtrain/core/tensor.h"
 
@@ -28,6 +29,10 @@ class Metric {
   virtual void reset_state() = 0;
   // The name Keras reports in logs and History, e.g. "accuracy" or "sparse_categorical_accuracy".
   const std::string& name() const { return name_; }
+  // The accumulated (total, count), and replacing it: how workers combine their metrics (sum
+  // the states across workers, then set the sum everywhere).
+  virtual std::pair<double, double> state() const = 0;
+  virtual void set_state(double total, double count) = 0;
 
  private:
   std::string name_;
@@ -48,6 +53,11 @@ class Mean : public Metric {
   // The accumulated state, for summing across replicas.
   double total() const { return total_; }
   double count() const { return count_; }
+  std::pair<double, double> state() const override { return {total_, count_}; }
+  void set_state(double total, double count) override {
+    total_ = total;
+    count_ = count;
+  }
 
  private:
   double total_ = 0;
@@ -62,6 +72,11 @@ class MeanMetricWrapper : public Metric {
   void reset_state() override { total_ = count_ = 0; }
   double total() const { return total_; }
   double count() const { return count_; }
+  std::pair<double, double> state() const override { return {total_, count_}; }
+  void set_state(double total, double count) override {
+    total_ = total;
+    count_ = count;
+  }
 
  protected:
   void add(double total, double count) {

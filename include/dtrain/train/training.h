@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtrain/data/dataset.h"
+#include "dtrain/distribute/strategy.h"
 #include "dtrain/nn/losses.h"
 #include "dtrain/nn/metrics.h"
 #include "dtrain/nn/model.h"
@@ -116,9 +117,20 @@ class TrainingState {
   std::vector<std::shared_ptr<nn::Metric>> metrics;
   nn::Mean loss_tracker{"loss"};
   bool stop_training = false;
+  // The strategy in scope at compile() (null: one replica, this process only).
+  distribute::Strategy* strategy = nullptr;
+  // Whether the chief's initial variables have been broadcast to the other workers.
+  bool variables_synced = false;
   // Reused every step so that the hot loop does not allocate.
   std::vector<Variable*> trainable;
   std::vector<Tensor> grads;
+  // Per local replica: gradients, loss, predictions and the batch slice of the last step.
+  struct Replica {
+    std::vector<Tensor> grads;
+    Tensor x, y, y_pred;
+    double loss = 0;
+  };
+  std::vector<Replica> replicas;
 };
 
 }  // namespace dtrain::train

@@ -36,9 +36,12 @@ void Philox::block(uint64_t seed, uint64_t block, uint32_t out[4]) {
 }
 
 uint32_t Philox::next_u32() {
-  uint32_t out[4];
-  block(state_.seed, state_.counter / 4, out);
-  return out[state_.counter++ % 4];
+  const uint64_t b = state_.counter / 4;
+  if (b != cached_block_) {
+    block(state_.seed, b, cache_);
+    cached_block_ = b;
+  }
+  return cache_[state_.counter++ % 4];
 }
 
 uint64_t Philox::next_u64() {

@@ -32,6 +32,14 @@ class IteratorNode {
     return k;
   }
 
+  // Fast path for batch(): an iterator whose elements are always rows of fixed tensors (the
+  // components of from_tensor_slices, possibly shuffled) returns those tensors here, and then
+  // next_index() yields the row index of each element instead of views. Null otherwise.
+  virtual const std::vector<Tensor>* row_source() const { return nullptr; }
+  // The row of the next element (only when row_source() is not null); false at the end. Mixing
+  // next() and next_index() on one iterator walks a single sequence.
+  virtual bool next_index(int64_t& /*index*/) { return false; }
+
  private:
   Element skip_scratch_;
 };
@@ -82,6 +90,12 @@ class SlicesIterator final : public IteratorNode {
     const int64_t k = std::min(n, size_ - index_);
     index_ += k;
     return k;
+  }
+  const std::vector<Tensor>* row_source() const override { return &node_->components_; }
+  bool next_index(int64_t& index) override {
+    if (index_ >= size_) return false;
+    index = index_++;
+    return true;
   }
 
  private:
@@ -153,14 +167,34 @@ class ShuffleIterator final : public IteratorNode {
         buffer_size_(node.buffer_size_) {
     const int64_t n = node.input_->cardinality();
     reserve_slots_ = n >= 0 ? std::min(n, buffer_size_) : std::min<int64_t>(buffer_size_, 1 << 16);
+    // Shuffling rows of fixed tensors: buffer row indices instead of elements. The sequence of
+    // random draws and buffer moves is the same as for elements, so so is the order.
+    rows_ = input_->row_source();
+    if (rows_ != nullptr) {
+      input_rows_ = n;
+      indices_.reserve(static_cast<size_t>(reserve_slots_));
+    }
   }
 
-  bool next(Element& out) override { return advance(&out); }
+  bool next(Element& out) override {
+    if (rows_ == nullptr) return advance(&out);
+    int64_t index;
+    if (!advance_index(&index)) return false;
+    out.resize(rows_->size());
+    for (size_t c = 0; c < rows_->size(); ++c) out[c] = (*rows_)[c][index];
+    return true;
+  }
   int64_t skip(int64_t n) override {
     int64_t k = 0;
+    if (rows_ != nullptr) {
+      while (k < n && advance_index(nullptr)) ++k;
+      return k;
+    }
     while (k < n && advance(nullptr)) ++k;
     return k;
   }
+  const std::vector<Tensor>* row_source() const override { return rows_; }
+  bool next_index(int64_t& index) override { return rows_ != nullptr && advance_index(&index); }
 
  private:
   // Pulls the next input element into scratch_; false at the end of the input.
@@ -177,6 +211,25 @@ class ShuffleIterator final : public IteratorNode {
     DTRAIN_INTERNAL_CHECK(static_cast<int64_t>(scratch_.size()) == arity_,
                           "shuffle: elements with ", scratch_.size(), " and ", arity_,
                           " components");
+    return true;
+  }
+
+  // advance() over row indices: the buffer holds indices [0, input_rows_) in arrival order.
+  bool advance_index(int64_t* out) {
+    while (size_ < buffer_size_ && next_row_ < input_rows_) {
+      indices_.push_back(next_row_++);
+      ++size_;
+    }
+    if (size_ == 0) return false;
+    const size_t slot = static_cast<size_t>(rng_.uniform_int(static_cast<uint64_t>(size_)));
+    if (out != nullptr) *out = indices_[slot];
+    if (next_row_ < input_rows_) {
+      indices_[slot] = next_row_++;
+    } else {
+      --size_;
+      indices_[slot] = indices_[static_cast<size_t>(size_)];
+      indices_.pop_back();
+    }
     return true;
   }
 
@@ -216,6 +269,12 @@ class ShuffleIterator final : public IteratorNode {
   bool input_done_ = false;
   std::vector<Tensor> buffer_;
   Element scratch_;
+  // Index mode (input is from_tensor_slices): the source tensors, their row count, the next row
+  // not yet buffered, and the buffered row indices.
+  const std::vector<Tensor>* rows_ = nullptr;
+  int64_t input_rows_ = 0;
+  int64_t next_row_ = 0;
+  std::vector<int64_t> indices_;
 };
 
 std::unique_ptr<IteratorNode> ShuffleNode::make_iterator(uint64_t pass) const {
@@ -257,6 +316,7 @@ class BatchIterator final : public IteratorNode {
         drop_remainder_(node.drop_remainder_) {}
 
   bool next(Element& out) override {
+    if (const std::vector<Tensor>* source = input_->row_source()) return next_rows(*source, out);
     int64_t rows = 0;
     for (; rows < batch_size_ && input_->next(scratch_); ++rows) {
       if (rows == 0) start_batch();
@@ -275,6 +335,39 @@ class BatchIterator final : public IteratorNode {
         std::memcpy(static_cast<char*>(b.raw_data()) + rows * row_bytes, t.raw_data(), row_bytes);
       }
     }
+    return finish(rows, out);
+  }
+
+  int64_t skip(int64_t n) override {
+    const int64_t rows = n > kMaxInt64 / batch_size_ ? kMaxInt64 : n * batch_size_;
+    const int64_t k = input_->skip(rows);
+    if (k == rows) return n;
+    return drop_remainder_ ? k / batch_size_ : (k + batch_size_ - 1) / batch_size_;
+  }
+
+ private:
+  // Gathers rows of the source tensors straight into the batch (no per-element views).
+  bool next_rows(const std::vector<Tensor>& source, Element& out) {
+    int64_t rows = 0, index = 0;
+    for (; rows < batch_size_ && input_->next_index(index); ++rows) {
+      if (rows == 0) {
+        batch_.resize(source.size());
+        for (size_t c = 0; c < source.size(); ++c) {
+          batch_[c] =
+              Tensor(source[c].dtype(), source[c].shape().without_first().with_first(batch_size_));
+        }
+      }
+      for (size_t c = 0; c < source.size(); ++c) {
+        const size_t row_bytes = source[c].nbytes() / static_cast<size_t>(source[c].dim(0));
+        std::memcpy(static_cast<char*>(batch_[c].raw_data()) + rows * row_bytes,
+                    static_cast<const char*>(source[c].raw_data()) + index * row_bytes, row_bytes);
+      }
+    }
+    return finish(rows, out);
+  }
+
+  // Hands out the batch of `rows` rows; false (and nothing) when there is none to give.
+  bool finish(int64_t rows, Element& out) {
     if (rows == 0 || (rows < batch_size_ && drop_remainder_)) {
       for (Tensor& b : batch_) b = Tensor();
       return false;
@@ -289,14 +382,6 @@ class BatchIterator final : public IteratorNode {
     return true;
   }
 
-  int64_t skip(int64_t n) override {
-    const int64_t rows = n > kMaxInt64 / batch_size_ ? kMaxInt64 : n * batch_size_;
-    const int64_t k = input_->skip(rows);
-    if (k == rows) return n;
-    return drop_remainder_ ? k / batch_size_ : (k + batch_size_ - 1) / batch_size_;
-  }
-
- private:
   // Allocates the batch tensors for the element in scratch_.
   void start_batch() {
     batch_.resize(scratch_.size());

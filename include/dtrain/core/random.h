@@ -31,13 +31,19 @@ class Philox {
   uint64_t uniform_int(uint64_t n);
 
   RngState state() const { return state_; }
-  void set_state(RngState s) { state_ = s; }
+  void set_state(RngState s) {
+    state_ = s;
+    cached_block_ = ~uint64_t{0};
+  }
 
   // The block of four values at `block` for `seed`: the Philox bijection itself.
   static void block(uint64_t seed, uint64_t block, uint32_t out[4]);
 
  private:
   RngState state_;
+  // The last computed block (a block yields four values): a cache, not state.
+  uint64_t cached_block_ = ~uint64_t{0};
+  uint32_t cache_[4] = {};
 };
 
 // Derives an independent seed for a named sub-stream (e.g. per layer, per epoch), with a

@@ -1,0 +1,85 @@
+// Collectives across worker processes over Gloo's TCP transport: all-reduce (bucketed),
+// broadcast, all-gather and barrier, each bounded by a timeout. A Collectives object is one
+// Gloo context built from a rendezvous; after any failure it is unusable ("broken") and a new
+// one must be built from a fresh rendezvous generation. Thread-compatible: call from one
+// thread at a time; every worker must issue the same collectives in the same order.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+#include "dtrain/distribute/key_value_store.h"
+#include "dtrain/distribute/rendezvous.h"
+#include "dtrain/distribute/strategy.h"
+
+namespace dtrain::distribute {
+
+// Which Gloo all-reduce runs a bucket. kAuto picks by size and world size (docs/distributed.md
+// has the measurements): Gloo's old-style AllreduceRing for small buffers with two workers
+// (lowest latency; with two workers a + b == b + a, so both get the same bits), otherwise the
+// reduce-scatter + all-gather ring of gloo::allreduce, where each element is summed on one
+// worker and then copied, so every worker gets the same bits at any world size.
+enum class AllreduceAlgorithm { kAuto, kRing, kRingChunked, kHalvingDoubling, kReduceScatter };
+
+struct CollectiveOptions {
+  int rank = 0;                    // this worker
+  int world_size = 1;              // workers in the job
+  std::string host = "127.0.0.1";  // address this worker's TCP device binds and advertises
+  std::string task = "";           // shown in error messages, e.g. "worker:1"
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);  // rendezvous and each collective
+  size_t bucket_bytes = size_t{4} << 20;  // tensors are packed into buckets of up to this size
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  std::string run_id = "default";                    // see RendezvousOptions
+  std::optional<int64_t> generation = std::nullopt;  // see RendezvousOptions
+};
+
+class Collectives {
+ public:
+  // Rendezvous on `store` (see rendezvous()), then connects a full mesh of TCP pairs. Blocks up
+  // to options.timeout. With world_size 1 nothing is connected and every collective is a copy
+  // or a no-op. Throws what rendezvous() throws; UnavailableError or DeadlineExceededError
+  // when the connection fails.
+  static std::unique_ptr<Collectives> connect(const std::shared_ptr<KeyValueStore>& store,
+                                              const CollectiveOptions& options);
+  ~Collectives();
+  Collectives(const Collectives&) = delete;
+  Collectives& operator=(const Collectives&) = delete;
+
+  int rank() const;
+  int size() const;
+  int64_t generation() const;
+  const std::vector<PeerInfo>& peers() const;
+  // True after a collective failed; every later call throws FailedPreconditionError.
+  bool broken() const;
+
+  // Reduces `tensors` element-wise across workers in place. Tensors (float32, float64, int32 or
+  // int64) are packed in order into buckets of up to bucket_bytes of one dtype; the bucket
+  // buffers are kept between calls, so a steady-state call allocates nothing. kMean divides
+  // the sum by the world size (floating-point dtypes only). Blocks until every worker has
+  // contributed. Throws UnavailableError when a peer is lost (naming the rank and its host
+  // where Gloo says which), DeadlineExceededError after the timeout, InvalidArgumentError for
+  // an unsupported dtype.
+  void all_reduce(std::span<Tensor> tensors, ReduceOp op);
+  // One number, reduced across workers.
+  double all_reduce_scalar(double value, ReduceOp op);
+  // Overwrites `tensors` on every worker with `root`'s values, in place (bucketed).
+  void broadcast(std::span<Tensor> tensors, int root);
+  // out[r] = rank r's `local`. `out` has shape [size(), local.shape...] and local's dtype.
+  void all_gather(const Tensor& local, Tensor& out);
+  // Returns once every worker has called barrier().
+  void barrier();
+
+ private:
+  struct Impl;
+  explicit Collectives(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtrain::distribute

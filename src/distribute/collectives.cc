@@ -1,0 +1,431 @@
+// Collectives over Gloo: rendezvous, a full mesh of TCP pairs, bucketed all-reduce with
+// persistent buckets, and the mapping of Gloo's exceptions to dtrain's error codes.
+#include "dtrain/distribute/collectives.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "dtrain/core/error.h"
+#include "gloo_store.h"
+
+namespace dtrain::distribute {
+namespace {
+
+// With two workers, buffers up to this size go through AllreduceRing (one send and one receive
+// of the whole buffer: the lowest latency); larger ones through gloo::allreduce.
+constexpr size_t kSmallRingBytes = size_t{1} << 20;
+
+bool supported_reduce_dtype(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64;
+}
+
+// A persistent buffer (tensors packed back to back) and the old-style algorithm bound to it.
+struct Bucket {
+  std::vector<double> storage;  // 8-byte aligned bytes
+  DType dtype = DType::kInvalid;
+  size_t count = 0;
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  std::unique_ptr<gloo::Algorithm> algo;  // bound to (storage.data(), count, dtype)
+  const void* algo_ptr = nullptr;
+
+  void* data() { return storage.data(); }
+  void reserve_bytes(size_t n) {
+    const size_t words = (n + 7) / 8;
+    if (storage.size() < words) {
+      storage.resize(words);
+      algo.reset();  // storage moved
+    }
+  }
+};
+
+template <class T>
+std::unique_ptr<gloo::Algorithm> make_old_style(const std::shared_ptr<gloo::Context>& ctx,
+                                                AllreduceAlgorithm a, void* ptr, size_t count) {
+  std::vector<T*> ptrs{static_cast<T*>(ptr)};
+  const int n = static_cast<int>(count);
+  switch (a) {
+    case AllreduceAlgorithm::kRing:
+      return std::make_unique<gloo::AllreduceRing<T>>(ctx, ptrs, n);
+    case AllreduceAlgorithm::kRingChunked:
+      return std::make_unique<gloo::AllreduceRingChunked<T>>(ctx, ptrs, n);
+    case AllreduceAlgorithm::kHalvingDoubling:
+      return std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx, ptrs, n);
+    default:
+      DTRAIN_INTERNAL_CHECK(false, "not an old-style algorithm");
+  }
+}
+
+std::unique_ptr<gloo::Algorithm> make_old_style(const std::shared_ptr<gloo::Context>& ctx,
+                                                AllreduceAlgorithm a, DType d, void* ptr,
+                                                size_t count) {
+  switch (d) {
+    case DType::kFloat32:
+      return make_old_style<float>(ctx, a, ptr, count);
+    case DType::kFloat64:
+      return make_old_style<double>(ctx, a, ptr, count);
+    case DType::kInt32:
+      return make_old_style<int32_t>(ctx, a, ptr, count);
+    case DType::kInt64:
+      return make_old_style<int64_t>(ctx, a, ptr, count);
+    default:
+      DTRAIN_INTERNAL_CHECK(false, "unsupported dtype");
+  }
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <class T>
+void new_style_allreduce(const std::shared_ptr<gloo::Context>& ctx, void* ptr, size_t count,
+                         std::chrono::milliseconds timeout) {
+  gloo::AllreduceOptions opts(ctx);
+  opts.setOutput(static_cast<T*>(ptr), count);
+  opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<T>));
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+}
+
+void new_style_allreduce(const std::shared_ptr<gloo::Context>& ctx, DType d, void* ptr,
+                         size_t count, std::chrono::milliseconds timeout) {
+  switch (d) {
+    case DType::kFloat32:
+      return new_style_allreduce<float>(ctx, ptr, count, timeout);
+    case DType::kFloat64:
+      return new_style_allreduce<double>(ctx, ptr, count, timeout);
+    case DType::kInt32:
+      return new_style_allreduce<int32_t>(ctx, ptr, count, timeout);
+    case DType::kInt64:
+      return new_style_allreduce<int64_t>(ctx, ptr, count, timeout);
+    default:
+      DTRAIN_INTERNAL_CHECK(false, "unsupported dtype");
+  }
+}
+
+void scale(void* ptr, DType d, size_t count, double factor) {
+  if (d == DType::kFloat32) {
+    auto* p = static_cast<float*>(ptr);
+    const float f = static_cast<float>(factor);
+    for (size_t i = 0; i < count; ++i) p[i] *= f;
+  } else if (d == DType::kFloat64) {
+    auto* p = static_cast<double*>(ptr);
+    for (size_t i = 0; i < count; ++i) p[i] *= factor;
+  }
+}
+
+bool is_timeout_message(const std::string& m) {
+  return m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos;
+}
+
+}  // namespace
+
+struct Collectives::Impl {
+  CollectiveOptions options;
+  int64_t generation = 0;
+  std::vector<PeerInfo> peers;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::vector<Bucket> buckets;
+  Bucket scalar_bucket;
+  bool broken = false;
+
+  std::string peers_text() const {
+    std::string s;
+    for (const auto& p : peers) {
+      if (!s.empty()) s += "; ";
+      s += str_cat("rank ", p.rank);
+      if (!p.task.empty()) s += " (" + p.task + ")";
+      s += str_cat(" = ", p.host, " pid ", p.pid);
+    }
+    return s;
+  }
+
+  // Names the peers whose host appears in a Gloo message ("... [127.0.0.1]:4242: ...").
+  std::string suspects(const std::string& message) const {
+    std::string s;
+    for (const auto& p : peers) {
+      if (p.rank == options.rank || p.host.empty()) continue;
+      if (message.find("[" + p.host + "]") != std::string::npos ||
+          message.find(p.host + ":") != std::string::npos) {
+        s += (s.empty() ? "" : ", ") + str_cat("rank ", p.rank);
+      }
+    }
+    return s;
+  }
+
+  [[noreturn]] void fail(const char* what, const std::string& message) {
+    broken = true;
+    const std::string where = str_cat(what, " on rank ", options.rank, " of ", options.world_size,
+                                      " (generation ", generation, ")");
+    const std::string who = suspects(message);
+    const std::string tail =
+        str_cat(". Workers: ", peers_text(),
+                ". This collective context is unusable now; rebuild it with a new rendezvous.");
+    if (is_timeout_message(message)) {
+      throw DeadlineExceededError(
+          str_cat(where, " timed out after ", options.timeout.count(), " ms waiting for a peer",
+                  who.empty() ? "" : " (" + who + ")", ": ", message, tail));
+    }
+    throw UnavailableError(
+        str_cat(where, " lost a peer", who.empty() ? "" : " (" + who + ")", ": ", message, tail));
+  }
+
+  template <class F>
+  void guarded(const char* what, F&& f) {
+    if (broken) {
+      throw FailedPreconditionError(
+          str_cat(what,
+                  ": the collective context failed earlier and cannot be used again; rebuild it "
+                  "with a new rendezvous"));
+    }
+    try {
+      f();
+    } catch (const dtrain::Error&) {
+      throw;
+    } catch (const gloo::IoException& e) {
+      fail(what, e.what());
+    } catch (const gloo::Exception& e) {
+      fail(what, e.what());
+    } catch (const gloo::EnforceNotMet& e) {
+      fail(what, e.what());
+    }
+  }
+
+  AllreduceAlgorithm choose(size_t bytes) const {
+    if (options.algorithm != AllreduceAlgorithm::kAuto) return options.algorithm;
+    if (options.world_size == 2 && bytes <= kSmallRingBytes) return AllreduceAlgorithm::kRing;
+    return AllreduceAlgorithm::kReduceScatter;
+  }
+
+  // All-reduces `count` elements at `ptr`; `bucket` is the persistent state when `ptr` is its
+  // storage (old-style algorithms are bound to a buffer), or null for an in-place buffer.
+  void reduce_buffer(Bucket* bucket, void* ptr, DType d, size_t count) {
+    const AllreduceAlgorithm a = choose(count * dtype_size(d));
+    if (a == AllreduceAlgorithm::kReduceScatter) {
+      new_style_allreduce(context, d, ptr, count, options.timeout);
+      return;
+    }
+    DTRAIN_INTERNAL_CHECK(bucket != nullptr && ptr == bucket->data());
+    if (!bucket->algo || bucket->algo_ptr != ptr || bucket->count != count || bucket->dtype != d ||
+        bucket->algorithm != a) {
+      bucket->algo = make_old_style(context, a, d, ptr, count);
+      bucket->algo_ptr = ptr;
+      bucket->count = count;
+      bucket->dtype = d;
+      bucket->algorithm = a;
+    }
+    bucket->algo->run();
+  }
+
+  bool in_place_ok(size_t bytes) const {
+    return choose(bytes) == AllreduceAlgorithm::kReduceScatter;
+  }
+};
+
+Collectives::Collectives(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Collectives::~Collectives() = default;
+
+std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValueStore>& store,
+                                                  const CollectiveOptions& options) {
+  DTRAIN_CHECK(options.bucket_bytes >= 64, "Collectives: bucket_bytes ", options.bucket_bytes,
+               " is too small (at least 64)");
+  DTRAIN_CHECK(options.timeout.count() > 0, "Collectives: timeout must be positive");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  RendezvousResult rdzv = rendezvous(store, {.rank = options.rank,
+                                             .world_size = options.world_size,
+                                             .host = options.host,
+                                             .task = options.task,
+                                             .run_id = options.run_id,
+                                             .generation = options.generation,
+                                             .timeout = options.timeout});
+  impl->generation = rdzv.generation;
+  impl->peers = rdzv.peers;
+  if (options.world_size > 1) {
+    const char* what = "connecting the Gloo full mesh";
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options.host;
+      impl->device = gloo::transport::tcp::CreateDevice(attr);
+      impl->context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+      impl->context->setTimeout(options.timeout);
+      GlooStoreAdapter adapter(rdzv.store, options.timeout);
+      std::shared_ptr<gloo::transport::Device> dev = impl->device;
+      impl->context->connectFullMesh(adapter, dev);
+    } catch (const dtrain::Error&) {
+      throw;
+    } catch (const gloo::IoException& e) {
+      impl->fail(what, e.what());
+    } catch (const gloo::Exception& e) {
+      impl->fail(what, e.what());
+    } catch (const gloo::EnforceNotMet& e) {
+      impl->fail(what, str_cat(e.what(), " (host '", options.host, "')"));
+    }
+  }
+  return std::unique_ptr<Collectives>(new Collectives(std::move(impl)));
+}
+
+int Collectives::rank() const { return impl_->options.rank; }
+int Collectives::size() const { return impl_->options.world_size; }
+int64_t Collectives::generation() const { return impl_->generation; }
+const std::vector<PeerInfo>& Collectives::peers() const { return impl_->peers; }
+bool Collectives::broken() const { return impl_->broken; }
+
+void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
+  for (const Tensor& t : tensors) {
+    DTRAIN_CHECK(t.defined(), "all_reduce: undefined tensor");
+    DTRAIN_CHECK(supported_reduce_dtype(t.dtype()), "all_reduce: dtype ", dtype_name(t.dtype()),
+                 " is not supported (float32, float64, int32, int64)");
+    DTRAIN_CHECK(
+        op == ReduceOp::kSum || t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat64,
+        "all_reduce: MEAN needs a floating-point dtype, got ", dtype_name(t.dtype()));
+  }
+  if (size() == 1) return;
+  Impl& m = *impl_;
+  const double factor = op == ReduceOp::kMean ? 1.0 / size() : 1.0;
+  m.guarded("all_reduce", [&] {
+    size_t bucket_index = 0;
+    size_t i = 0;
+    while (i < tensors.size()) {
+      const DType d = tensors[i].dtype();
+      const size_t bytes = tensors[i].nbytes();
+      if (bytes >= m.options.bucket_bytes && m.in_place_ok(bytes)) {
+        // A big tensor is reduced where it is: no copy.
+        m.reduce_buffer(nullptr, tensors[i].raw_data(), d, tensors[i].num_elements());
+        if (factor != 1.0) scale(tensors[i].raw_data(), d, tensors[i].num_elements(), factor);
+        ++i;
+        continue;
+      }
+      // Pack tensors [i, j) of dtype d into one bucket.
+      size_t j = i, total = 0;
+      while (j < tensors.size() && tensors[j].dtype() == d &&
+             (j == i || total + tensors[j].nbytes() <= m.options.bucket_bytes) &&
+             !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
+        total += tensors[j].nbytes();
+        ++j;
+      }
+      if (m.buckets.size() <= bucket_index) m.buckets.resize(bucket_index + 1);
+      Bucket& b = m.buckets[bucket_index++];
+      b.reserve_bytes(total);
+      auto* dst = reinterpret_cast<char*>(b.data());
+      for (size_t k = i; k < j; ++k) {
+        std::memcpy(dst, tensors[k].raw_data(), tensors[k].nbytes());
+        dst += tensors[k].nbytes();
+      }
+      const size_t count = total / dtype_size(d);
+      m.reduce_buffer(&b, b.data(), d, count);
+      if (factor != 1.0) scale(b.data(), d, count, factor);
+      const char* src = reinterpret_cast<const char*>(b.data());
+      for (size_t k = i; k < j; ++k) {
+        std::memcpy(tensors[k].raw_data(), src, tensors[k].nbytes());
+        src += tensors[k].nbytes();
+      }
+      i = j;
+    }
+  });
+}
+
+double Collectives::all_reduce_scalar(double value, ReduceOp op) {
+  if (size() == 1) return value;
+  Impl& m = *impl_;
+  Bucket& b = m.scalar_bucket;
+  b.reserve_bytes(sizeof(double));
+  std::memcpy(b.data(), &value, sizeof(double));
+  m.guarded("all_reduce_scalar", [&] { m.reduce_buffer(&b, b.data(), DType::kFloat64, 1); });
+  double out;
+  std::memcpy(&out, b.data(), sizeof(double));
+  return op == ReduceOp::kMean ? out / size() : out;
+}
+
+void Collectives::broadcast(std::span<Tensor> tensors, int root) {
+  DTRAIN_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is out of range for ",
+               size(), " workers");
+  for (const Tensor& t : tensors) DTRAIN_CHECK(t.defined(), "broadcast: undefined tensor");
+  if (size() == 1) return;
+  Impl& m = *impl_;
+  m.guarded("broadcast", [&] {
+    auto run = [&](void* ptr, size_t bytes) {
+      gloo::BroadcastOptions opts(m.context);
+      opts.setOutput(static_cast<uint8_t*>(ptr), bytes);
+      opts.setRoot(root);
+      opts.setTimeout(m.options.timeout);
+      gloo::broadcast(opts);
+    };
+    if (m.buckets.empty()) m.buckets.resize(1);
+    Bucket& b = m.buckets[0];
+    size_t i = 0;
+    while (i < tensors.size()) {
+      if (tensors[i].nbytes() >= m.options.bucket_bytes) {
+        run(tensors[i].raw_data(), tensors[i].nbytes());
+        ++i;
+        continue;
+      }
+      size_t j = i, total = 0;
+      while (j < tensors.size() && tensors[j].nbytes() < m.options.bucket_bytes &&
+             total + tensors[j].nbytes() <= m.options.bucket_bytes) {
+        total += tensors[j].nbytes();
+        ++j;
+      }
+      b.reserve_bytes(total);
+      auto* p = reinterpret_cast<char*>(b.data());
+      if (rank() == root) {
+        for (size_t k = i; k < j; ++k) {
+          std::memcpy(p, tensors[k].raw_data(), tensors[k].nbytes());
+          p += tensors[k].nbytes();
+        }
+      }
+      if (total > 0) run(b.data(), total);
+      p = reinterpret_cast<char*>(b.data());
+      for (size_t k = i; k < j; ++k) {
+        std::memcpy(tensors[k].raw_data(), p, tensors[k].nbytes());
+        p += tensors[k].nbytes();
+      }
+      i = j;
+    }
+  });
+}
+
+void Collectives::all_gather(const Tensor& local, Tensor& out) {
+  DTRAIN_CHECK(local.defined() && out.defined(), "all_gather: undefined tensor");
+  DTRAIN_CHECK(out.dtype() == local.dtype() &&
+                   out.nbytes() == local.nbytes() * static_cast<size_t>(size()) &&
+                   out.rank() >= 1 && out.dim(0) == size(),
+               "all_gather: output ", out.to_string(0), " does not hold ", size(), " copies of ",
+               local.to_string(0));
+  if (size() == 1) {
+    out.copy_from(local.reshape(out.shape()));
+    return;
+  }
+  Impl& m = *impl_;
+  m.guarded("all_gather", [&] {
+    gloo::AllgatherOptions opts(m.context);
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(local.raw_data())), local.nbytes());
+    opts.setOutput(static_cast<uint8_t*>(out.raw_data()), out.nbytes());
+    opts.setTimeout(m.options.timeout);
+    gloo::allgather(opts);
+  });
+}
+
+void Collectives::barrier() {
+  if (size() == 1) return;
+  Impl& m = *impl_;
+  m.guarded("barrier", [&] {
+    gloo::BarrierOptions opts(m.context);
+    opts.setTimeout(m.options.timeout);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace dtrain::distribute

@@ -1,0 +1,225 @@
+// Object-based checkpoints with tf.train.Checkpoint's semantics and TensorFlow's on-disk format:
+//
+//   checkpoint::Checkpoint ckpt({{"model", model}, {"optimizer", *optimizer}, {"epoch", epoch}});
+//   std::string path = ckpt.save("/tmp/run/ckpt");        // "/tmp/run/ckpt-1", state file updated
+//   ckpt.restore(*checkpoint::latest_checkpoint("/tmp/run")).assert_consumed();
+//
+// A Checkpoint saves the object graph reachable from its root under TF2's keys
+// ("model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE",
+// ".../.OPTIMIZER_SLOT/optimizer/m/...", "save_counter/...") with the serialized
+// TrackableObjectGraph under "_CHECKPOINTABLE_OBJECT_GRAPH", as a TensorBundle V2
+// (tensor_bundle.h), so tf.train.load_checkpoint and tf.train.Checkpoint.restore read it.
+// docs/checkpoints.md has the key scheme, the crash-safety guarantees and the async semantics.
+// A Checkpoint holds references to the objects it tracks (they must outlive it) and is not
+// thread-safe: one thread calls save/write/restore/sync; with enable_async a background thread
+// of its own writes.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/core/random.h"
+#include "dtrain/core/tensor.h"
+
+namespace dtrain::nn {
+class Layer;
+}
+namespace dtrain::optim {
+class Optimizer;
+}
+namespace dtrain::data {
+class Dataset;
+class Iterator;
+struct IteratorState;
+}  // namespace dtrain::data
+
+namespace dtrain::checkpoint {
+
+namespace detail {
+struct TrackableExtra;
+struct GraphView;
+}  // namespace detail
+
+// Something a checkpoint can save and restore: a reference to a model, layer, optimizer,
+// variable, counter, RNG or data iterator, or a container of named trackables. Converts
+// implicitly from the objects it adapts, so checkpoints read like TF's keyword arguments. Holds
+// a reference: the object must outlive every Checkpoint that tracks it.
+class Trackable {
+ public:
+  // A layer or model. Sequential models name their layers "layer_with_weights-<j>" (layers
+  // with weights) and "layer-<i>" (all layers but InputLayer), as Keras does; subclassed models
+  // use layer_attributes(). A layer's variables are named by the part of their name after
+  // "<layer name>/" ("kernel", "bias").
+  Trackable(nn::Layer& layer);
+  // An optimizer: its iteration counter under "iter" (int64) and its slot variables under
+  // "<variable path>/.OPTIMIZER_SLOT/<optimizer path>/<slot name>" for every variable of the
+  // same checkpoint that has slots. Missing slots are created (optimizer.build) on restore when
+  // the checkpoint holds values for them, as Keras does.
+  Trackable(optim::Optimizer& optimizer);
+  // A variable (any dtype), saved as VARIABLE_VALUE.
+  Trackable(Variable& variable);
+  // A step or epoch counter, saved as an int64 scalar VARIABLE_VALUE.
+  Trackable(int64_t& counter);
+  // An RNG's state, saved as RNG_STATE: int64 [2] = {seed, counter} (bit patterns).
+  Trackable(RngState& state);
+  Trackable(Philox& rng);
+  // A data iterator position, saved as ITERATOR_STATE: int64 [2] = {iteration, position}.
+  Trackable(data::IteratorState& state);
+  // A live iterator over `dataset`: saves iterator.state(); restore replaces `iterator` with
+  // dataset.iterator_from(restored state), which resumes with exactly the next element.
+  static Trackable iterator(const data::Dataset& dataset, data::Iterator& iterator);
+  // Any value: `get` returns the current value (called at save time, and at restore time to
+  // learn the dtype and shape to expect); `set` receives a restored value of that dtype and
+  // shape. Saved as VARIABLE_VALUE.
+  static Trackable value(std::function<Tensor()> get, std::function<void(const Tensor&)> set);
+  // A container (like a tf.Module with attributes): a node with named children.
+  static Trackable object(std::vector<std::pair<std::string, Trackable>> children);
+
+ private:
+  friend struct detail::GraphView;
+  enum class Kind : uint8_t {
+    kLayer,
+    kOptimizer,
+    kVariable,
+    kCounter,
+    kRngState,
+    kPhilox,
+    kIteratorState,
+    kIterator,
+    kValue,
+    kObject
+  };
+  Trackable(Kind kind, void* ptr) : kind_(kind), ptr_(ptr) {}
+  const void* identity() const;
+
+  Kind kind_;
+  void* ptr_ = nullptr;
+  std::shared_ptr<const detail::TrackableExtra> extra_;  // kIterator, kValue, kObject
+};
+
+struct CheckpointOptions {
+  bool enable_async = false;  // save()/write() snapshot the values into memory and return; a
+                              // background thread writes (tf.train.CheckpointOptions)
+  bool sync_to_disk = true;   // fsync files and directories; false only where durability does
+                              // not matter (tests on tmpfs, benchmarks of the format itself)
+};
+
+// What restore() matched. TF's CheckpointLoadStatus: the assertions throw
+// FailedPreconditionError listing the keys involved. Destroying a status whose checkpoint had
+// values that nothing consumed warns (through the warning handler) unless expect_partial() or an
+// assertion was called. Copies share one state; thread-compatible.
+class CheckpointLoadStatus {
+ public:
+  // Every value in the checkpoint was restored into an object, and every object of the
+  // checkpoint's graph received a value. Returns *this.
+  const CheckpointLoadStatus& assert_consumed() const;
+  // Every object of the checkpoint's graph received a value (the checkpoint may hold more).
+  const CheckpointLoadStatus& assert_existing_objects_matched() const;
+  // Silences the warning about unconsumed values.
+  const CheckpointLoadStatus& expect_partial() const;
+
+  // The checkpoint prefix restored from.
+  const std::string& save_path() const;
+  // Checkpoint keys restored into nothing (the object graph key excluded), sorted.
+  const std::vector<std::string>& unused_keys() const;
+  // Keys of this checkpoint's objects that the checkpoint lacks.
+  const std::vector<std::string>& missing_keys() const;
+  // Number of values restored.
+  size_t restored_count() const;
+
+ private:
+  friend class Checkpoint;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+class Checkpoint {
+ public:
+  // A root with named children: Checkpoint({{"model", model}, {"optimizer", *optimizer}}).
+  explicit Checkpoint(std::vector<std::pair<std::string, Trackable>> children,
+                      CheckpointOptions options = {});
+  // `root` itself as the root object (keys start at its children, as with Keras's
+  // model.save_weights(prefix) in TF format).
+  explicit Checkpoint(Trackable root, CheckpointOptions options = {});
+  // Waits for a pending async write; an error it raised is reported through the warning
+  // handler (a destructor cannot throw).
+  ~Checkpoint();
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  // Increments save_counter and writes `<file_prefix>-<save_counter>` (data, then index), then
+  // commits it by rewriting `<dir>/checkpoint` to name it as the newest (earlier entries whose
+  // files still exist stay listed, so restore_latest can fall back to them). Returns the
+  // written prefix. Sync: blocks until everything is fsynced. Async: returns after snapshotting
+  // the values; the checkpoint is committed later by the background thread. Waits for the
+  // previous async write first and rethrows its error. Throws ResourceExhaustedError on a full
+  // disk and other Errors naming the file; the previous checkpoints stay intact.
+  std::string save(const std::string& file_prefix);
+  // Writes `file_prefix` as given, without save_counter increment or state-file update
+  // (tf.train.Checkpoint.write). Returns `file_prefix`. Blocks and throws like save().
+  std::string write(const std::string& file_prefix);
+
+  // Restores every value the checkpoint at `save_path` (a prefix, e.g. from
+  // latest_checkpoint()) holds for this checkpoint's objects, including save_counter. A
+  // checkpoint without an object graph (TF1 style) is matched by variable names instead of
+  // object paths. All matched tensors are read and CRC-verified before any object is changed,
+  // so a failed restore leaves every object as it was. Waits for a pending async write first.
+  // Throws NotFoundError (no `<save_path>.index`), DataLossError naming the file and the tensor
+  // (corrupt, torn or truncated checkpoint), InvalidArgumentError (a value whose dtype or
+  // shape differs from the object's, naming both), FailedPreconditionError (the checkpoint has
+  // values for layers of a model that are not built yet: build the model first; restoring is
+  // not deferred).
+  CheckpointLoadStatus restore(const std::string& save_path);
+  // Restores the newest committed checkpoint named by `<directory>/checkpoint`; when it is
+  // missing or corrupt (DataLossError), warns and falls back to the next newer committed one.
+  // Returns nullopt when the directory has no committed checkpoint. Throws DataLossError when
+  // every committed checkpoint is corrupt, and restore()'s other errors.
+  std::optional<CheckpointLoadStatus> restore_latest(const std::string& directory);
+
+  // Waits until a pending async write is on disk and committed; rethrows its error (once).
+  void sync();
+
+  // Number of save() calls, including those of the checkpoint this one was restored from.
+  int64_t save_counter() const;
+  const CheckpointOptions& options() const { return options_; }
+  // The bundle keys a save would write now, sorted (without the object graph key).
+  std::vector<std::string> keys();
+
+ private:
+  friend class CheckpointManager;
+  struct Snapshot;
+  // Snapshots (copies when async) and writes `prefix`; then runs `on_written(prefix)` on the
+  // writing thread (the caller's when sync). Waits for the previous write first.
+  void write_internal(const std::string& prefix,
+                      std::function<void(const std::string&)> on_written);
+  void wait_for_write();
+  void write_snapshot(const std::string& prefix, const Snapshot& snapshot);
+  std::vector<std::pair<std::string, Trackable>> root_children();
+
+  std::vector<std::pair<std::string, Trackable>> children_;
+  std::optional<Trackable> root_;
+  CheckpointOptions options_;
+  Variable save_counter_;
+  bool save_counter_tracked_ = false;
+  std::thread writer_;
+  std::exception_ptr write_error_;
+};
+
+// The newest committed checkpoint prefix in `directory` (from its `checkpoint` state file), or
+// nullopt when there is no state file or its newest entry has no `.index`
+// (tf.train.latest_checkpoint). Throws DataLossError when the state file is malformed.
+std::optional<std::string> latest_checkpoint(const std::string& directory);
+
+// Where warnings go (fallback to an older checkpoint, unconsumed values, async write errors
+// found in a destructor). The default prints "WARNING: <message>" to stderr. Thread-safe.
+void set_warning_handler(std::function<void(const std::string&)> handler);
+
+}  // namespace dtrain::checkpoint

@@ -1,0 +1,82 @@
+// CheckpointManager: numbered checkpoints in one directory with retention, like
+// tf.train.CheckpointManager: save() writes `<directory>/<checkpoint_name>-<N>`, commits it in
+// the `checkpoint` state file, and only then deletes checkpoints beyond max_to_keep (keeping
+// one every keep_checkpoint_every_n_hours). restore_or_initialize() restores the newest valid
+// committed checkpoint, falling back past corrupt ones. Not thread-safe (one thread calls it);
+// with an async Checkpoint, the commit and the deletions run on the checkpoint's writer thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/checkpoint/checkpoint.h"
+
+namespace dtrain::checkpoint {
+
+struct CheckpointManagerOptions {
+  std::optional<int> max_to_keep = 5;               // checkpoints kept; nullopt keeps all
+  double keep_checkpoint_every_n_hours = 0;         // > 0: also keep one checkpoint per this period
+  std::string checkpoint_name = "ckpt";             // file prefix inside the directory
+  std::function<int64_t()> step_counter = nullptr;  // the training step, for checkpoint_interval
+  int64_t checkpoint_interval = 0;          // > 0: save() skips until this many steps passed
+                                            // since the last save (needs step_counter)
+  std::function<void()> init_fn = nullptr;  // restore_or_initialize() calls it when there is
+                                            // no checkpoint yet
+};
+
+class CheckpointManager {
+ public:
+  // Creates `directory` if needed and recovers the checkpoints its state file lists (so
+  // retention continues across restarts). Removes temporary files that crashed writers left
+  // behind. Throws InvalidArgumentError for bad options, DataLossError for a malformed state
+  // file, file errors naming the path.
+  CheckpointManager(Checkpoint& checkpoint, std::string directory,
+                    CheckpointManagerOptions options = {});
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+  ~CheckpointManager();
+
+  // Writes a checkpoint numbered `checkpoint_number` (default: the checkpoint's save_counter,
+  // incremented first), commits it, then deletes what retention no longer keeps. Returns its
+  // prefix, or nullopt when checkpoint_interval says it is too early (with check_interval).
+  // Sync: blocks until committed. Async: returns after snapshotting; commit and deletion
+  // happen on the writer thread. Throws like Checkpoint::save (a previous async write's error
+  // included); the previous checkpoints stay intact and committed.
+  std::optional<std::string> save(std::optional<int64_t> checkpoint_number = std::nullopt,
+                                  bool check_interval = true);
+  // The newest committed checkpoint, or nullopt.
+  std::optional<std::string> latest_checkpoint() const;
+  // The checkpoints the manager keeps, oldest first.
+  std::vector<std::string> checkpoints() const;
+  // Restores the newest valid committed checkpoint (Checkpoint::restore_latest: corrupt ones
+  // are skipped with a warning) and returns its prefix; with none, calls init_fn (if any) and
+  // returns nullopt. Throws like Checkpoint::restore_latest.
+  std::optional<std::string> restore_or_initialize();
+  // Waits for a pending async save and rethrows its error.
+  void sync();
+
+  const std::string& directory() const { return directory_; }
+  Checkpoint& checkpoint() { return checkpoint_; }
+
+ private:
+  void on_written(const std::string& path, double timestamp);
+  void record_state();
+  void sweep();
+
+  Checkpoint& checkpoint_;
+  std::string directory_;
+  std::string prefix_;
+  CheckpointManagerOptions options_;
+  mutable std::mutex mu_;  // guards the fields below (the writer thread updates them)
+  std::vector<std::pair<std::string, double>> maybe_delete_;  // path, timestamp; oldest first
+  std::optional<std::string> latest_;
+  double last_preserved_timestamp_ = 0;
+  std::optional<int64_t> last_checkpoint_step_;
+};
+
+}  // namespace dtrain::checkpoint

@@ -1,0 +1,795 @@
+// Checkpoint: the trackable object graph (built breadth-first from the root, as TF's
+// ObjectGraphView does), save/write/restore, async writing and the state-file commit.
+#include "dtrain/checkpoint/checkpoint.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "checkpoint_state.h"
+#include "dtrain/checkpoint/tensor_bundle.h"
+#include "dtrain/core/error.h"
+#include "dtrain/data/dataset.h"
+#include "dtrain/nn/model.h"
+#include "dtrain/optim/optimizer.h"
+#include "object_graph.h"
+
+namespace dtrain::checkpoint {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------
+// Warnings
+
+namespace {
+std::mutex& warning_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::function<void(const std::string&)>& warning_handler() {
+  static std::function<void(const std::string&)> handler;
+  return handler;
+}
+}  // namespace
+
+void set_warning_handler(std::function<void(const std::string&)> handler) {
+  std::lock_guard<std::mutex> lock(warning_mutex());
+  warning_handler() = std::move(handler);
+}
+
+void warn(const std::string& message) {
+  std::lock_guard<std::mutex> lock(warning_mutex());
+  if (warning_handler()) {
+    warning_handler()(message);
+  } else {
+    std::fprintf(stderr, "WARNING: %s\n", message.c_str());
+  }
+}
+
+namespace {
+
+bool same_path(const std::string& a, const std::string& b) {
+  return fs::path(a).lexically_normal() == fs::path(b).lexically_normal();
+}
+
+bool index_exists(const std::string& prefix) {
+  std::error_code ec;
+  return fs::exists(index_filename(prefix), ec);
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string join_keys(const std::vector<std::string>& keys, size_t max = 10) {
+  std::string out = "[";
+  for (size_t i = 0; i < keys.size() && i < max; ++i) out += (i ? ", '" : "'") + keys[i] + "'";
+  if (keys.size() > max) out += str_cat(", ... (", keys.size() - max, " more)");
+  return out + "]";
+}
+
+Tensor int64_pair(int64_t a, int64_t b) { return Tensor::from_vector<int64_t>({a, b}, Shape{2}); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Trackable
+
+namespace detail {
+
+struct TrackableExtra {
+  const data::Dataset* dataset = nullptr;
+  std::function<Tensor()> get;
+  std::function<void(const Tensor&)> set;
+  std::vector<std::pair<std::string, Trackable>> children;
+};
+
+// One value a checkpoint saves: a node's attribute.
+struct SavedValue {
+  std::string key;        // object-based checkpoint key
+  std::string full_name;  // TF1-style name, for name-based restore
+  std::function<Tensor()> get;
+  std::function<void(const Tensor&)> set;
+  bool optional = false;  // save_counter: its absence is not "missing"
+};
+
+// The object graph reachable from a root, with the values of its nodes.
+struct GraphView {
+  struct PotentialSlot {  // a slot an optimizer has not created yet
+    optim::Optimizer* optimizer;
+    Variable* variable;
+    std::string key;  // the key its first slot would have
+  };
+  struct UnbuiltModel {
+    std::string path;
+    std::vector<std::string> layers;
+  };
+
+  ObjectGraph graph;
+  std::vector<SavedValue> values;
+  std::vector<PotentialSlot> potential_slots;
+  std::vector<UnbuiltModel> unbuilt;
+
+  static GraphView build(const Trackable* root,
+                         const std::vector<std::pair<std::string, Trackable>>& root_children);
+
+ private:
+  std::vector<std::pair<std::string, Trackable>> children_of(const Trackable& t,
+                                                             const std::string& path);
+  void add_values(const Trackable& t, int node, const std::string& path);
+  void add_value(int node, const std::string& path, std::string_view attribute,
+                 std::string full_name, std::function<Tensor()> get,
+                 std::function<void(const Tensor&)> set);
+};
+
+}  // namespace detail
+
+Trackable::Trackable(nn::Layer& layer) : Trackable(Kind::kLayer, &layer) {}
+Trackable::Trackable(optim::Optimizer& optimizer) : Trackable(Kind::kOptimizer, &optimizer) {}
+Trackable::Trackable(Variable& variable) : Trackable(Kind::kVariable, &variable) {}
+Trackable::Trackable(int64_t& counter) : Trackable(Kind::kCounter, &counter) {}
+Trackable::Trackable(RngState& state) : Trackable(Kind::kRngState, &state) {}
+Trackable::Trackable(Philox& rng) : Trackable(Kind::kPhilox, &rng) {}
+Trackable::Trackable(data::IteratorState& state) : Trackable(Kind::kIteratorState, &state) {}
+
+Trackable Trackable::iterator(const data::Dataset& dataset, data::Iterator& iterator) {
+  Trackable t(Kind::kIterator, &iterator);
+  auto extra = std::make_shared<detail::TrackableExtra>();
+  extra->dataset = &dataset;
+  t.extra_ = std::move(extra);
+  return t;
+}
+
+Trackable Trackable::value(std::function<Tensor()> get, std::function<void(const Tensor&)> set) {
+  DTRAIN_CHECK(get && set, "Trackable::value: both get and set are required");
+  Trackable t(Kind::kValue, nullptr);
+  auto extra = std::make_shared<detail::TrackableExtra>();
+  extra->get = std::move(get);
+  extra->set = std::move(set);
+  t.extra_ = std::move(extra);
+  return t;
+}
+
+Trackable Trackable::object(std::vector<std::pair<std::string, Trackable>> children) {
+  Trackable t(Kind::kObject, nullptr);
+  auto extra = std::make_shared<detail::TrackableExtra>();
+  extra->children = std::move(children);
+  t.extra_ = std::move(extra);
+  return t;
+}
+
+const void* Trackable::identity() const {
+  return (kind_ == Kind::kValue || kind_ == Kind::kObject) ? extra_.get() : ptr_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GraphView
+
+namespace detail {
+
+namespace {
+// "dense/kernel" of layer "dense" → "kernel".
+std::string weight_attribute(const std::string& layer_name, const std::string& var_name) {
+  if (var_name.size() > layer_name.size() + 1 &&
+      var_name.compare(0, layer_name.size(), layer_name) == 0 &&
+      var_name[layer_name.size()] == '/') {
+    return var_name.substr(layer_name.size() + 1);
+  }
+  const size_t slash = var_name.find_last_of('/');
+  return slash == std::string::npos ? var_name : var_name.substr(slash + 1);
+}
+
+std::string child_path(const std::string& parent, const std::string& local_name) {
+  return parent.empty() ? escape_local_name(local_name)
+                        : parent + "/" + escape_local_name(local_name);
+}
+}  // namespace
+
+std::vector<std::pair<std::string, Trackable>> GraphView::children_of(const Trackable& t,
+                                                                      const std::string& path) {
+  std::vector<std::pair<std::string, Trackable>> out;
+  switch (t.kind_) {
+    case Trackable::Kind::kLayer: {
+      auto* layer = static_cast<nn::Layer*>(t.ptr_);
+      auto* model = dynamic_cast<nn::Model*>(layer);
+      // The layer's (or model's) own variables.
+      for (Variable* v : layer->nn::Layer::weights()) {
+        out.emplace_back(weight_attribute(layer->name(), v->name()), Trackable(*v));
+      }
+      if (model == nullptr) break;
+      UnbuiltModel unbuilt{path, {}};
+      const auto& layers = model->layers();
+      if (dynamic_cast<nn::Sequential*>(model) != nullptr) {
+        // Keras Functional/Sequential: layer_with_weights-<j> before layer-<i>, InputLayer
+        // excluded from both counts.
+        int i = 0, j = 0;
+        for (const auto& l : layers) {
+          if (l->class_name() == "InputLayer") continue;
+          if (!l->weights().empty())
+            out.emplace_back(str_cat("layer_with_weights-", j++), Trackable(*l));
+          out.emplace_back(str_cat("layer-", i++), Trackable(*l));
+        }
+      } else {
+        const auto& attributes = model->layer_attributes();
+        for (size_t k = 0; k < layers.size(); ++k)
+          out.emplace_back(attributes[k], Trackable(*layers[k]));
+      }
+      for (const auto& l : layers) {
+        if (!l->built() && l->class_name() != "InputLayer") unbuilt.layers.push_back(l->name());
+      }
+      if (!unbuilt.layers.empty()) this->unbuilt.push_back(std::move(unbuilt));
+      break;
+    }
+    case Trackable::Kind::kOptimizer: {
+      auto* opt = static_cast<optim::Optimizer*>(t.ptr_);
+      out.emplace_back("iter", Trackable(opt->iterations_variable()));
+      break;
+    }
+    case Trackable::Kind::kObject:
+      out = t.extra_->children;
+      break;
+    default:
+      break;
+  }
+  return out;
+}
+
+void GraphView::add_value(int node, const std::string& path, std::string_view attribute,
+                          std::string full_name, std::function<Tensor()> get,
+                          std::function<void(const Tensor&)> set) {
+  SavedValue v;
+  v.key = path + "/" + std::string(kObjectAttributesName) + "/" + escape_local_name(attribute);
+  v.full_name = std::move(full_name);
+  v.get = std::move(get);
+  v.set = std::move(set);
+  graph.nodes[static_cast<size_t>(node)].attributes.push_back(
+      {std::string(attribute), v.full_name, v.key});
+  values.push_back(std::move(v));
+}
+
+void GraphView::add_values(const Trackable& t, int node, const std::string& path) {
+  switch (t.kind_) {
+    case Trackable::Kind::kVariable: {
+      auto* var = static_cast<Variable*>(t.ptr_);
+      add_value(
+          node, path, kVariableValueAttribute, var->name(), [var] { return var->tensor(); },
+          [var](const Tensor& v) { var->assign(v); });
+      break;
+    }
+    case Trackable::Kind::kCounter: {
+      auto* c = static_cast<int64_t*>(t.ptr_);
+      add_value(
+          node, path, kVariableValueAttribute, path,
+          [c] { return Tensor::from_vector<int64_t>({*c}, Shape{}); },
+          [c](const Tensor& v) { *c = v.data<int64_t>()[0]; });
+      break;
+    }
+    case Trackable::Kind::kRngState:
+    case Trackable::Kind::kPhilox: {
+      std::function<RngState()> get_state;
+      std::function<void(RngState)> set_state;
+      if (t.kind_ == Trackable::Kind::kRngState) {
+        auto* s = static_cast<RngState*>(t.ptr_);
+        get_state = [s] { return *s; };
+        set_state = [s](RngState v) { *s = v; };
+      } else {
+        auto* p = static_cast<Philox*>(t.ptr_);
+        get_state = [p] { return p->state(); };
+        set_state = [p](RngState v) { p->set_state(v); };
+      }
+      add_value(
+          node, path, "RNG_STATE", path,
+          [get_state] {
+            const RngState s = get_state();
+            return int64_pair(std::bit_cast<int64_t>(s.seed), std::bit_cast<int64_t>(s.counter));
+          },
+          [set_state](const Tensor& v) {
+            const int64_t* p = v.data<int64_t>();
+            set_state(RngState{std::bit_cast<uint64_t>(p[0]), std::bit_cast<uint64_t>(p[1])});
+          });
+      break;
+    }
+    case Trackable::Kind::kIteratorState: {
+      auto* s = static_cast<data::IteratorState*>(t.ptr_);
+      add_value(
+          node, path, "ITERATOR_STATE", path, [s] { return int64_pair(s->iteration, s->position); },
+          [s](const Tensor& v) {
+            *s = data::IteratorState{v.data<int64_t>()[0], v.data<int64_t>()[1]};
+          });
+      break;
+    }
+    case Trackable::Kind::kIterator: {
+      auto* it = static_cast<data::Iterator*>(t.ptr_);
+      const data::Dataset* ds = t.extra_->dataset;
+      add_value(
+          node, path, "ITERATOR_STATE", path,
+          [it] {
+            const data::IteratorState s = it->state();
+            return int64_pair(s.iteration, s.position);
+          },
+          [it, ds](const Tensor& v) {
+            *it =
+                ds->iterator_from(data::IteratorState{v.data<int64_t>()[0], v.data<int64_t>()[1]});
+          });
+      break;
+    }
+    case Trackable::Kind::kValue:
+      add_value(node, path, kVariableValueAttribute, path, t.extra_->get, t.extra_->set);
+      break;
+    default:
+      break;
+  }
+}
+
+GraphView GraphView::build(const Trackable* root,
+                           const std::vector<std::pair<std::string, Trackable>>& root_children) {
+  GraphView view;
+  std::vector<std::optional<Trackable>> sources;  // per node; nullopt for a synthetic root
+  std::vector<std::string> paths;
+  std::map<std::pair<int, const void*>, int> ids;
+  auto new_node = [&](std::optional<Trackable> t, std::string path) {
+    const int id = static_cast<int>(view.graph.nodes.size());
+    view.graph.nodes.emplace_back();
+    if (t) ids[{static_cast<int>(t->kind_), t->identity()}] = id;
+    sources.push_back(std::move(t));
+    paths.push_back(std::move(path));
+    return id;
+  };
+  new_node(root ? std::optional<Trackable>(*root) : std::nullopt, "");
+
+  std::deque<int> queue{0};
+  while (!queue.empty()) {
+    const int n = queue.front();
+    queue.pop_front();
+    const std::string path = paths[static_cast<size_t>(n)];
+    std::vector<std::pair<std::string, Trackable>> children;
+    if (sources[static_cast<size_t>(n)]) {
+      children = view.children_of(*sources[static_cast<size_t>(n)], path);
+    }
+    if (n == 0) children.insert(children.end(), root_children.begin(), root_children.end());
+    std::set<std::string> names;
+    for (auto& [name, child] : children) {
+      DTRAIN_CHECK(!name.empty(), "Checkpoint: an object at '", path,
+                   "' has a child with an empty name");
+      DTRAIN_CHECK(names.insert(name).second, "Checkpoint: two children of '",
+                   path.empty() ? "<root>" : path, "' are named '", name, "'");
+      auto found = ids.find({static_cast<int>(child.kind_), child.identity()});
+      int id;
+      if (found != ids.end()) {
+        id = found->second;
+      } else {
+        id = new_node(child, child_path(path, name));
+        queue.push_back(id);
+      }
+      view.graph.nodes[static_cast<size_t>(n)].children.push_back({id, name});
+    }
+  }
+  const int bfs_nodes = static_cast<int>(view.graph.nodes.size());
+  for (int n = 0; n < bfs_nodes; ++n) {
+    if (sources[static_cast<size_t>(n)])
+      view.add_values(*sources[static_cast<size_t>(n)], n, paths[static_cast<size_t>(n)]);
+  }
+  // Slot variables come after the breadth-first nodes, as in TF.
+  for (int o = 0; o < bfs_nodes; ++o) {
+    const auto& src = sources[static_cast<size_t>(o)];
+    if (!src || src->kind_ != Trackable::Kind::kOptimizer) continue;
+    auto* opt = static_cast<optim::Optimizer*>(src->ptr_);
+    const std::vector<std::string> slot_names = opt->slot_names();
+    for (int v = 0; v < bfs_nodes; ++v) {
+      const auto& vs = sources[static_cast<size_t>(v)];
+      if (!vs || vs->kind_ != Trackable::Kind::kVariable) continue;
+      auto* var = static_cast<Variable*>(vs->ptr_);
+      if (var->dtype() != DType::kFloat32 || var == &opt->iterations_variable()) continue;
+      for (size_t s = 0; s < slot_names.size(); ++s) {
+        const std::string slot_path =
+            paths[static_cast<size_t>(v)] + "/" + std::string(kOptimizerSlotName) + "/" +
+            paths[static_cast<size_t>(o)] + "/" + escape_local_name(slot_names[s]);
+        Variable* slot = opt->slot(*var, slot_names[s]);
+        if (slot == nullptr) {
+          if (s == 0) {
+            view.potential_slots.push_back({opt, var,
+                                            slot_path + "/" + std::string(kObjectAttributesName) +
+                                                "/" + std::string(kVariableValueAttribute)});
+          }
+          continue;
+        }
+        const int id = static_cast<int>(view.graph.nodes.size());
+        view.graph.nodes.emplace_back();
+        view.add_values(Trackable(*slot), id, slot_path);
+        view.graph.nodes[static_cast<size_t>(o)].slot_variables.push_back({v, slot_names[s], id});
+      }
+    }
+  }
+  return view;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// CheckpointLoadStatus
+
+struct CheckpointLoadStatus::State {
+  std::string path;
+  std::vector<std::string> unused;
+  std::vector<std::string> missing;
+  size_t restored = 0;
+  mutable bool acknowledged = false;
+  ~State() {
+    if (!acknowledged && !unused.empty()) {
+      warn(str_cat("checkpoint ", path, ": ", unused.size(),
+                   " value(s) were not restored into any object: ", join_keys(unused),
+                   " (call expect_partial() on the restore status to silence this)"));
+    }
+  }
+};
+
+const CheckpointLoadStatus& CheckpointLoadStatus::assert_consumed() const {
+  state_->acknowledged = true;
+  if (!state_->unused.empty() || !state_->missing.empty()) {
+    std::string msg = str_cat("checkpoint ", state_->path, ": assert_consumed failed:");
+    if (!state_->unused.empty()) {
+      msg += str_cat(" ", state_->unused.size(),
+                     " checkpoint value(s) were not restored into any object: ",
+                     join_keys(state_->unused), ";");
+    }
+    if (!state_->missing.empty()) {
+      msg +=
+          str_cat(" ", state_->missing.size(),
+                  " object value(s) have no value in the checkpoint: ", join_keys(state_->missing));
+    }
+    throw FailedPreconditionError(msg);
+  }
+  return *this;
+}
+
+const CheckpointLoadStatus& CheckpointLoadStatus::assert_existing_objects_matched() const {
+  state_->acknowledged = true;
+  if (!state_->missing.empty()) {
+    throw FailedPreconditionError(
+        str_cat("checkpoint ", state_->path,
+                ": assert_existing_objects_matched failed: ", state_->missing.size(),
+                " object value(s) have no value in the checkpoint: ", join_keys(state_->missing)));
+  }
+  return *this;
+}
+
+const CheckpointLoadStatus& CheckpointLoadStatus::expect_partial() const {
+  state_->acknowledged = true;
+  return *this;
+}
+
+const std::string& CheckpointLoadStatus::save_path() const { return state_->path; }
+const std::vector<std::string>& CheckpointLoadStatus::unused_keys() const { return state_->unused; }
+const std::vector<std::string>& CheckpointLoadStatus::missing_keys() const {
+  return state_->missing;
+}
+size_t CheckpointLoadStatus::restored_count() const { return state_->restored; }
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint
+
+struct Checkpoint::Snapshot {
+  std::string graph;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+};
+
+Checkpoint::Checkpoint(std::vector<std::pair<std::string, Trackable>> children,
+                       CheckpointOptions options)
+    : children_(std::move(children)),
+      options_(options),
+      save_counter_("save_counter", Tensor::zeros(Shape{}, DType::kInt64), false) {
+  for (const auto& [name, t] : children_) {
+    DTRAIN_CHECK(name != "save_counter", "Checkpoint: 'save_counter' is reserved");
+  }
+}
+
+Checkpoint::Checkpoint(Trackable root, CheckpointOptions options)
+    : root_(std::move(root)),
+      options_(options),
+      save_counter_("save_counter", Tensor::zeros(Shape{}, DType::kInt64), false) {}
+
+Checkpoint::~Checkpoint() {
+  if (writer_.joinable()) writer_.join();
+  if (write_error_) {
+    try {
+      std::rethrow_exception(write_error_);
+    } catch (const std::exception& e) {
+      warn(
+          str_cat("an asynchronous checkpoint write failed and nothing waited for it: ", e.what()));
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Trackable>> Checkpoint::root_children() {
+  std::vector<std::pair<std::string, Trackable>> out = children_;
+  if (save_counter_tracked_) out.emplace_back("save_counter", Trackable(save_counter_));
+  return out;
+}
+
+int64_t Checkpoint::save_counter() const { return save_counter_.tensor().data<int64_t>()[0]; }
+
+std::vector<std::string> Checkpoint::keys() {
+  const auto view = detail::GraphView::build(root_ ? &*root_ : nullptr, root_children());
+  std::vector<std::string> out;
+  for (const auto& v : view.values) out.push_back(v.key);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void Checkpoint::wait_for_write() {
+  if (writer_.joinable()) writer_.join();
+  if (write_error_) std::rethrow_exception(std::exchange(write_error_, nullptr));
+}
+
+void Checkpoint::sync() { wait_for_write(); }
+
+void Checkpoint::write_snapshot(const std::string& prefix, const Snapshot& snapshot) {
+  BundleWriter w(prefix, BundleWriterOptions{.sync = options_.sync_to_disk});
+  w.add_strings(kObjectGraphKey, {snapshot.graph}, Shape{});
+  for (const auto& [key, tensor] : snapshot.tensors) w.add(key, tensor);
+  w.finish();
+}
+
+void Checkpoint::write_internal(const std::string& prefix,
+                                std::function<void(const std::string&)> on_written) {
+  wait_for_write();
+  DTRAIN_CHECK(!prefix.empty(), "Checkpoint: empty file prefix");
+  const auto view = detail::GraphView::build(root_ ? &*root_ : nullptr, root_children());
+  Snapshot snapshot;
+  snapshot.graph = view.graph.serialize();
+  snapshot.tensors.reserve(view.values.size());
+  for (const auto& v : view.values) {
+    Tensor t = v.get();
+    // Async: copy now, so that updates after save() returns cannot reach the file.
+    snapshot.tensors.emplace_back(v.key, options_.enable_async ? t.clone() : std::move(t));
+  }
+  if (!options_.enable_async) {
+    write_snapshot(prefix, snapshot);
+    if (on_written) on_written(prefix);
+    return;
+  }
+  writer_ = std::thread(
+      [this, prefix, snapshot = std::move(snapshot), on_written = std::move(on_written)] {
+        try {
+          write_snapshot(prefix, snapshot);
+          if (on_written) on_written(prefix);
+        } catch (...) {
+          write_error_ = std::current_exception();
+        }
+      });
+}
+
+namespace {
+
+std::optional<CheckpointState> read_state_or_warn(const std::string& dir) {
+  try {
+    return read_checkpoint_state(dir);
+  } catch (const DataLossError& e) {
+    warn(str_cat("ignoring a malformed checkpoint state file: ", e.what()));
+    return std::nullopt;
+  }
+}
+
+// Removes `path` from the directory's state file, if listed, before it is overwritten.
+void uncommit(const std::string& dir, const std::string& path, bool sync) {
+  std::optional<CheckpointState> st = read_state_or_warn(dir);
+  if (!st) return;
+  CheckpointState out;
+  bool listed = same_path(st->model_checkpoint_path, path);
+  const auto& paths = st->all_model_checkpoint_paths;
+  const auto& times = st->all_model_checkpoint_timestamps;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (same_path(paths[i], path)) {
+      listed = true;
+      continue;
+    }
+    out.all_model_checkpoint_paths.push_back(paths[i]);
+    if (i < times.size()) out.all_model_checkpoint_timestamps.push_back(times[i]);
+  }
+  if (!listed) return;
+  if (out.all_model_checkpoint_timestamps.size() != out.all_model_checkpoint_paths.size()) {
+    out.all_model_checkpoint_timestamps.clear();
+  }
+  if (!out.all_model_checkpoint_paths.empty())
+    out.model_checkpoint_path = out.all_model_checkpoint_paths.back();
+  out.last_preserved_timestamp = st->last_preserved_timestamp;
+  write_checkpoint_state(dir, out, sync);
+}
+
+// Names `path` as the newest committed checkpoint of `dir`.
+void commit(const std::string& dir, const std::string& path, bool sync) {
+  CheckpointState out;
+  const double now = unix_now();
+  if (std::optional<CheckpointState> st = read_state_or_warn(dir)) {
+    const auto& paths = st->all_model_checkpoint_paths;
+    const auto& times = st->all_model_checkpoint_timestamps;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      if (same_path(paths[i], path) || !index_exists(paths[i])) continue;
+      out.all_model_checkpoint_paths.push_back(paths[i]);
+      out.all_model_checkpoint_timestamps.push_back(i < times.size() ? times[i] : now);
+    }
+    out.last_preserved_timestamp = st->last_preserved_timestamp;
+  }
+  out.all_model_checkpoint_paths.push_back(path);
+  out.all_model_checkpoint_timestamps.push_back(now);
+  out.model_checkpoint_path = path;
+  write_checkpoint_state(dir, out, sync);
+}
+
+}  // namespace
+
+std::string Checkpoint::save(const std::string& file_prefix) {
+  wait_for_write();
+  DTRAIN_CHECK(!file_prefix.empty(), "Checkpoint::save: empty file prefix");
+  save_counter_tracked_ = true;
+  const int64_t n = ++save_counter_.tensor().data<int64_t>()[0];
+  const std::string path = str_cat(file_prefix, "-", n);
+  const std::string dir = prefix_directory(path);
+  const bool sync = options_.sync_to_disk;
+  uncommit(dir, path, sync);
+  write_internal(path, [dir, sync](const std::string& p) { commit(dir, p, sync); });
+  return path;
+}
+
+std::string Checkpoint::write(const std::string& file_prefix) {
+  write_internal(file_prefix, nullptr);
+  return file_prefix;
+}
+
+CheckpointLoadStatus Checkpoint::restore(const std::string& save_path) {
+  wait_for_write();
+  DTRAIN_CHECK(!save_path.empty(), "Checkpoint::restore: empty path");
+  BundleReader reader(save_path);
+  const bool object_based = reader.contains(kObjectGraphKey);
+  if (object_based) {
+    const std::vector<std::string> graph = reader.read_strings(std::string(kObjectGraphKey));
+    if (graph.size() != 1) {
+      throw DataLossError(str_cat("checkpoint ", save_path, ": '", kObjectGraphKey, "' has ",
+                                  graph.size(), " elements, expected 1"));
+    }
+    ObjectGraph::parse(graph[0], index_filename(save_path));  // validates it
+  }
+  std::vector<std::pair<std::string, Trackable>> children = children_;
+  children.emplace_back("save_counter", Trackable(save_counter_));
+  const Trackable* root = root_ ? &*root_ : nullptr;
+  auto view = detail::GraphView::build(root, children);
+  if (object_based) {
+    // Create the slots the checkpoint has values for (Keras creates slots on restore).
+    std::vector<std::pair<optim::Optimizer*, std::vector<Variable*>>> to_build;
+    for (const auto& ps : view.potential_slots) {
+      if (!reader.contains(ps.key)) continue;
+      auto it = std::find_if(to_build.begin(), to_build.end(),
+                             [&](const auto& p) { return p.first == ps.optimizer; });
+      if (it == to_build.end()) it = to_build.insert(to_build.end(), {ps.optimizer, {}});
+      it->second.push_back(ps.variable);
+    }
+    for (auto& [opt, vars] : to_build) opt->build(vars);
+    if (!to_build.empty()) view = detail::GraphView::build(root, children);
+  }
+  for (auto& v : view.values) {
+    if (v.key == "save_counter/.ATTRIBUTES/VARIABLE_VALUE") v.optional = true;
+  }
+
+  auto state = std::make_shared<CheckpointLoadStatus::State>();
+  state->path = save_path;
+  struct Match {
+    const detail::SavedValue* value;
+    std::string key;
+  };
+  std::vector<Match> matched;
+  std::set<std::string> used;
+  for (const auto& v : view.values) {
+    const std::string& key = object_based ? v.key : v.full_name;
+    if (reader.contains(key)) {
+      if (used.insert(key).second) matched.push_back({&v, key});
+    } else if (!v.optional) {
+      state->missing.push_back(v.key);
+    }
+  }
+  for (const std::string& k : reader.keys()) {
+    if (k != kObjectGraphKey && used.count(k) == 0) state->unused.push_back(k);
+  }
+  if (object_based) {
+    for (const auto& u : view.unbuilt) {
+      const std::string prefix = u.path.empty() ? "" : u.path + "/";
+      for (const std::string& k : state->unused) {
+        if (k.compare(0, prefix.size(), prefix) != 0) continue;
+        state->acknowledged = true;
+        throw FailedPreconditionError(str_cat(
+            "Checkpoint::restore(", save_path, "): the checkpoint holds '", k, "' but model '",
+            u.path.empty() ? "<root>" : u.path, "' has layers that are not built yet (",
+            join_keys(u.layers),
+            "), so their variables do not exist; build the model first (model.build(input_shape) "
+            "or call it on a batch), then restore. dtrain does not defer restoration."));
+      }
+    }
+  }
+  // Check every dtype and shape, then read (and CRC-verify) everything, then assign: a failure
+  // leaves the objects untouched.
+  std::vector<Tensor> values;
+  values.reserve(matched.size());
+  for (const Match& m : matched) {
+    const BundleEntry& e = reader.entry(m.key);
+    const Tensor current = m.value->get();
+    if (e.dtype != current.dtype() || e.shape != current.shape()) {
+      state->acknowledged = true;
+      throw InvalidArgumentError(
+          str_cat("Checkpoint::restore(", save_path, "): '", m.key, "' has dtype ",
+                  e.dtype == DType::kString ? "string" : dtype_name(e.dtype), " and shape ",
+                  e.shape.to_string(), " in the checkpoint but the object ('", m.value->full_name,
+                  "') has dtype ", dtype_name(current.dtype()), " and shape ",
+                  current.shape().to_string()));
+    }
+  }
+  try {
+    for (const Match& m : matched) values.push_back(reader.read(m.key));
+  } catch (...) {
+    state->acknowledged = true;
+    throw;
+  }
+  for (size_t i = 0; i < matched.size(); ++i) {
+    matched[i].value->set(values[i]);
+    if (matched[i].value->optional) save_counter_tracked_ = true;
+  }
+  state->restored = matched.size();
+  std::sort(state->unused.begin(), state->unused.end());
+  CheckpointLoadStatus status;
+  status.state_ = std::move(state);
+  return status;
+}
+
+std::optional<CheckpointLoadStatus> Checkpoint::restore_latest(const std::string& directory) {
+  wait_for_write();
+  const std::optional<CheckpointState> st = read_checkpoint_state(directory);
+  if (!st) return std::nullopt;
+  std::vector<std::string> candidates;
+  auto add = [&](const std::string& p) {
+    if (p.empty()) return;
+    for (const auto& c : candidates) {
+      if (same_path(c, p)) return;
+    }
+    candidates.push_back(p);
+  };
+  add(st->model_checkpoint_path);
+  for (auto it = st->all_model_checkpoint_paths.rbegin();
+       it != st->all_model_checkpoint_paths.rend(); ++it)
+    add(*it);
+  std::string errors;
+  int tried = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::string& c = candidates[i];
+    const bool last = i + 1 == candidates.size();
+    if (!index_exists(c)) {
+      warn(str_cat("checkpoint ", c, " is named by ", join_path(directory, "checkpoint"),
+                   " but its index is missing; ",
+                   last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
+      continue;
+    }
+    ++tried;
+    try {
+      return restore(c);
+    } catch (const DataLossError& e) {
+      errors += str_cat("\n  ", e.what());
+      warn(str_cat("checkpoint ", c, " is corrupt (", e.what(), "); ",
+                   last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
+    }
+  }
+  if (tried == 0) return std::nullopt;
+  throw DataLossError(
+      str_cat("no valid checkpoint in ", directory, ": every committed one is corrupt:", errors));
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& directory) {
+  const std::optional<CheckpointState> st = read_checkpoint_state(directory);
+  if (!st || st->model_checkpoint_path.empty()) return std::nullopt;
+  if (!index_exists(st->model_checkpoint_path)) return std::nullopt;
+  return st->model_checkpoint_path;
+}
+
+}  // namespace dtrain::checkpoint

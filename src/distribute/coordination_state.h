@@ -1,0 +1,69 @@
+// The coordination service's state and its blocking semantics, without any RPC: the gRPC
+// service (coordination_server.cc) is a thin translation layer over this. Thread-safe: one mutex
+// guards everything, and waiters sleep on one condition variable that every change notifies.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dtrain/distribute/coordination.h"
+
+namespace dtrain::distribute {
+
+class CoordinationState {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Stores `value` under `key`. Throws UnavailableError once stopped.
+  void set(const std::string& key, std::string value);
+  // Returns the value of `key`, waiting up to `timeout` for it. Throws DeadlineExceededError
+  // after the timeout, UnavailableError when stopped while waiting.
+  std::string get(const std::string& key, std::chrono::milliseconds timeout);
+  // Adds `delta` to the ASCII-decimal counter under `key` (missing: 0); returns the new value.
+  // Throws InvalidArgumentError when the value there is not a decimal integer.
+  int64_t add(const std::string& key, int64_t delta);
+  // Waits up to `timeout` until every key exists; DeadlineExceededError names a missing one.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  // Waits until `count` callers arrived at barrier `name` (see CoordinationClient::barrier).
+  void barrier(const std::string& name, int count, std::chrono::milliseconds timeout);
+  // Records a heartbeat of `task`; returns the current generation.
+  int64_t heartbeat(const std::string& task);
+  std::map<std::string, std::chrono::milliseconds> heartbeat_ages() const;
+  // Joins the next membership round (see CoordinationClient::join).
+  Membership join(const std::string& member, int count, std::chrono::milliseconds timeout);
+  Membership membership() const;
+
+  // Wakes every waiter with UnavailableError and refuses further calls. Idempotent.
+  void stop();
+
+ private:
+  struct BarrierState {
+    int count = 0;       // expected callers of the current round
+    int arrived = 0;     // callers waiting in the current round
+    uint64_t round = 0;  // completed rounds
+  };
+
+  // Deadline `timeout` from now, clamped so that huge timeouts cannot overflow.
+  static Clock::time_point deadline_after(std::chrono::milliseconds timeout);
+  void check_running() const;  // requires mu_
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  bool stopped_ = false;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, BarrierState> barriers_;
+  std::map<std::string, Clock::time_point> heartbeats_;
+  // Membership: completed rounds by generation (the latest few), and the round being formed.
+  std::map<int64_t, Membership> rounds_;
+  int64_t generation_ = 0;
+  std::set<std::string> pending_;
+  int pending_count_ = 0;
+};
+
+}  // namespace dtrain::distribute

@@ -1,0 +1,200 @@
+#include "dtrain/checkpoint/checkpoint_manager.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dtrain/checkpoint/tensor_bundle.h"
+#include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
+
+namespace dtrain::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "dtrain_manager_test_XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    set_warning_handler([this](const std::string& w) { warnings_.push_back(w); });
+  }
+  void TearDown() override {
+    set_warning_handler(nullptr);
+    fs::remove_all(dir_);
+  }
+  std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+  std::vector<std::string> paths(std::initializer_list<int> numbers) const {
+    std::vector<std::string> out;
+    for (int n : numbers) out.push_back(path("ckpt-" + std::to_string(n)));
+    return out;
+  }
+  bool exists(int n) const { return fs::exists(path("ckpt-" + std::to_string(n) + ".index")); }
+  std::string dir_;
+  std::vector<std::string> warnings_;
+};
+
+TEST_F(ManagerTest, KeepsTheNewestMaxToKeepAndDeletesOlderOnesAfterCommitting) {
+  Variable v("v", Tensor::scalar(0.0f));
+  Checkpoint ckpt({{"v", v}});
+  CheckpointManager manager(ckpt, dir_, {.max_to_keep = 3});
+  EXPECT_FALSE(manager.latest_checkpoint().has_value());
+  for (int i = 1; i <= 5; ++i) {
+    v.tensor().fill(i);
+    EXPECT_EQ(manager.save(), path("ckpt-" + std::to_string(i)));
+  }
+  EXPECT_EQ(manager.checkpoints(), paths({3, 4, 5}));
+  EXPECT_EQ(manager.latest_checkpoint(), path("ckpt-5"));
+  EXPECT_FALSE(exists(1));
+  EXPECT_FALSE(exists(2));
+  EXPECT_FALSE(fs::exists(path("ckpt-2.data-00000-of-00001")));
+  EXPECT_TRUE(exists(3));
+  EXPECT_EQ(latest_checkpoint(dir_), path("ckpt-5"));
+  const std::string state = read_file(path("checkpoint"));
+  EXPECT_NE(state.find("all_model_checkpoint_paths: \"ckpt-3\"\n"), std::string::npos) << state;
+  EXPECT_EQ(state.find("\"ckpt-2\""), std::string::npos) << state;
+  EXPECT_NE(state.find("all_model_checkpoint_timestamps: "), std::string::npos) << state;
+  EXPECT_NE(state.find("last_preserved_timestamp: "), std::string::npos) << state;
+
+  // A new manager (a restarted process) recovers the list and keeps rotating.
+  Variable w("v", Tensor::scalar(0.0f));
+  Checkpoint ckpt2({{"v", w}});
+  CheckpointManager manager2(ckpt2, dir_, {.max_to_keep = 3});
+  EXPECT_EQ(manager2.checkpoints(), paths({3, 4, 5}));
+  EXPECT_EQ(manager2.restore_or_initialize(), path("ckpt-5"));
+  EXPECT_EQ(w.tensor().data<float>()[0], 5.0f);
+  EXPECT_EQ(manager2.save(), path("ckpt-6"));
+  EXPECT_EQ(manager2.checkpoints(), paths({4, 5, 6}));
+  EXPECT_FALSE(exists(3));
+}
+
+TEST_F(ManagerTest, RestoreOrInitializeCallsInitFnWhenThereIsNoCheckpoint) {
+  Variable v("v", Tensor::scalar(0.0f));
+  Checkpoint ckpt({{"v", v}});
+  int inits = 0;
+  CheckpointManager manager(ckpt, path("sub/dir"), {.init_fn = [&] { ++inits; }});
+  EXPECT_TRUE(fs::is_directory(path("sub/dir")));
+  EXPECT_FALSE(manager.restore_or_initialize().has_value());
+  EXPECT_EQ(inits, 1);
+  manager.save();
+  EXPECT_EQ(manager.restore_or_initialize(), path("sub/dir/ckpt-1"));
+  EXPECT_EQ(inits, 1);
+}
+
+TEST_F(ManagerTest, RestoreOrInitializeFallsBackPastACorruptLatest) {
+  Variable v("v", Tensor::from_vector<float>({1, 2}, Shape{2}));
+  Checkpoint ckpt({{"v", v}});
+  CheckpointManager manager(ckpt, dir_, {.max_to_keep = 2});
+  manager.save();
+  v.tensor().fill(7);
+  const std::string second = *manager.save();
+  fs::resize_file(second + ".data-00000-of-00001", 10);  // torn
+  v.tensor().fill(0);
+  EXPECT_EQ(manager.restore_or_initialize(), path("ckpt-1"));
+  EXPECT_EQ(v.tensor().to_vector<float>(), (std::vector<float>{1, 2}));
+  ASSERT_EQ(warnings_.size(), 1u);
+  EXPECT_NE(warnings_[0].find("truncated"), std::string::npos) << warnings_[0];
+}
+
+TEST_F(ManagerTest, CheckpointIntervalSkipsSavesUntilEnoughStepsPassed) {
+  Variable v("v", Tensor::scalar(0.0f));
+  Checkpoint ckpt({{"v", v}});
+  int64_t step = 0;
+  CheckpointManager manager(ckpt, dir_,
+                            {.step_counter = [&] { return step; }, .checkpoint_interval = 10});
+  EXPECT_TRUE(manager.save().has_value());
+  step = 5;
+  EXPECT_FALSE(manager.save().has_value());
+  EXPECT_TRUE(manager.save(std::nullopt, /*check_interval=*/false).has_value());
+  step = 14;
+  EXPECT_FALSE(manager.save().has_value());
+  step = 15;
+  EXPECT_TRUE(manager.save().has_value());
+  EXPECT_EQ(manager.save(100, false), path("ckpt-100"));
+  EXPECT_THROW(CheckpointManager(ckpt, dir_, {.checkpoint_interval = 5}), InvalidArgumentError);
+  EXPECT_THROW(CheckpointManager(ckpt, dir_, {.max_to_keep = 0}), InvalidArgumentError);
+}
+
+TEST_F(ManagerTest, KeepCheckpointEveryNHoursPreservesOldCheckpoints) {
+  Variable v("v", Tensor::scalar(0.0f));
+  {
+    Checkpoint writer({{"v", v}});
+    for (int n : {1, 2, 3}) writer.write(path("ckpt-" + std::to_string(n)));
+  }
+  write_file_atomically(path("checkpoint"),
+                        "model_checkpoint_path: \"ckpt-3\"\n"
+                        "all_model_checkpoint_paths: \"ckpt-1\"\n"
+                        "all_model_checkpoint_paths: \"ckpt-2\"\n"
+                        "all_model_checkpoint_paths: \"ckpt-3\"\n"
+                        "all_model_checkpoint_timestamps: 1000.0\n"
+                        "all_model_checkpoint_timestamps: 8200.0\n"
+                        "all_model_checkpoint_timestamps: 8300.0\n"
+                        "last_preserved_timestamp: 0.0\n");
+  Checkpoint ckpt({{"v", v}});
+  CheckpointManager manager(ckpt, dir_, {.max_to_keep = 1, .keep_checkpoint_every_n_hours = 1});
+  EXPECT_EQ(manager.checkpoints(), paths({1, 2, 3}));
+  EXPECT_EQ(manager.save(10), path("ckpt-10"));
+  EXPECT_EQ(manager.checkpoints(), paths({10}));
+  EXPECT_FALSE(exists(1));
+  EXPECT_TRUE(exists(2));  // 8200 s is ≥ 1 h after the last preserved one
+  EXPECT_FALSE(exists(3));
+  EXPECT_NE(read_file(path("checkpoint")).find("last_preserved_timestamp: 8200.0"),
+            std::string::npos);
+}
+
+TEST_F(ManagerTest, AsyncSavesCommitAndRotateOnTheWriterThread) {
+  Variable v("v", Tensor::full(Shape{1 << 18}, 0.0f));
+  Checkpoint ckpt({{"v", v}}, {.enable_async = true});
+  {
+    CheckpointManager manager(ckpt, dir_, {.max_to_keep = 2});
+    for (int i = 1; i <= 4; ++i) {
+      v.tensor().fill(i);
+      manager.save();
+      v.tensor().fill(-1);  // after save() returned: must not reach the file
+    }
+    manager.sync();
+    EXPECT_EQ(manager.checkpoints(), paths({3, 4}));
+    EXPECT_FALSE(exists(2));
+  }
+  Variable r("v", Tensor::zeros(Shape{1 << 18}));
+  Checkpoint reader({{"v", r}});
+  reader.restore(path("ckpt-3")).assert_consumed();
+  EXPECT_TRUE(r.tensor().equals(Tensor::full(Shape{1 << 18}, 3.0f)));
+  reader.restore(path("ckpt-4")).assert_consumed();
+  EXPECT_TRUE(r.tensor().equals(Tensor::full(Shape{1 << 18}, 4.0f)));
+}
+
+TEST_F(ManagerTest, OverwritingATrackedCheckpointUncommitsItFirst) {
+  Variable v("v", Tensor::scalar(1.0f));
+  Checkpoint ckpt({{"v", v}});
+  CheckpointManager manager(ckpt, dir_, {.max_to_keep = 5});
+  manager.save();
+  manager.save();
+  v.tensor().fill(9);
+  EXPECT_EQ(manager.save(1), path("ckpt-1"));  // rewrites ckpt-1, which moves to the end
+  EXPECT_EQ(manager.checkpoints(), paths({2, 1}));
+  EXPECT_EQ(manager.latest_checkpoint(), path("ckpt-1"));
+  Variable r("v", Tensor::scalar(0.0f));
+  Checkpoint reader({{"v", r}});
+  reader.restore_latest(dir_);
+  EXPECT_EQ(r.tensor().data<float>()[0], 9.0f);
+}
+
+TEST_F(ManagerTest, RemovesTemporariesOfDeadWriters) {
+  write_file_atomically(path("ckpt-7.data-00000-of-00001.tmp.999999999.1234"), "torn");
+  write_file_atomically(path("checkpoint.tmp.999999999.77"), "torn");
+  write_file_atomically(path("unrelated.tmp.999999999.1"), "keep");
+  Variable v("v", Tensor::scalar(1.0f));
+  Checkpoint ckpt({{"v", v}});
+  CheckpointManager manager(ckpt, dir_);
+  EXPECT_FALSE(fs::exists(path("ckpt-7.data-00000-of-00001.tmp.999999999.1234")));
+  EXPECT_FALSE(fs::exists(path("checkpoint.tmp.999999999.77")));
+  EXPECT_TRUE(fs::exists(path("unrelated.tmp.999999999.1")));
+}
+
+}  // namespace
+}  // namespace dtrain::checkpoint

@@ -1,0 +1,616 @@
+// Encoder and decoder of TensorBoard's Event proto (include/dtrain/summary/event.h). Pure
+// functions; thread-safe.
+#include "dtrain/summary/event.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "summary/wire.h"
+
+namespace dtrain::summary {
+namespace {
+
+using wire::Field;
+using wire::Parser;
+
+// Field numbers (tensorboard/compat/proto/*.proto).
+namespace event_field {
+constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kGraphDef = 4, kSummary = 5,
+                   kLogMessage = 6, kSessionLog = 7, kTaggedRunMetadata = 8, kMetaGraphDef = 9,
+                   kSourceMetadata = 10;
+}
+namespace value_field {
+constexpr uint32_t kTag = 1, kSimpleValue = 2, kObsoleteHisto = 3, kImage = 4, kHisto = 5,
+                   kAudio = 6, kNodeName = 7, kTensor = 8, kMetadata = 9;
+}
+namespace tensor_field {
+constexpr uint32_t kDtype = 1, kShape = 2, kContent = 4, kHalfVal = 13, kFloatVal = 5,
+                   kDoubleVal = 6, kIntVal = 7, kStringVal = 8, kInt64Val = 10, kBoolVal = 11,
+                   kUint32Val = 16, kUint64Val = 17;
+}
+
+constexpr int64_t kMaxDecodedElements = int64_t{1} << 26;
+
+int64_t element_count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d != 0 && n > kMaxDecodedElements / d) return kMaxDecodedElements + 1;
+    n *= d;
+  }
+  return n;
+}
+
+template <class T>
+void put_le(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+
+// Little-endian tensor_content of `numbers` as `dtype`.
+std::string tensor_content(DType dtype, const std::vector<double>& numbers) {
+  std::string out;
+  for (double x : numbers) {
+    switch (dtype) {
+      case DType::kFloat32:
+        put_le(out, static_cast<float>(x));
+        break;
+      case DType::kFloat64:
+        put_le(out, x);
+        break;
+      case DType::kInt32:
+        put_le(out, static_cast<int32_t>(x));
+        break;
+      case DType::kInt64:
+        put_le(out, static_cast<int64_t>(x));
+        break;
+      case DType::kInt16:
+        put_le(out, static_cast<int16_t>(x));
+        break;
+      case DType::kInt8:
+        put_le(out, static_cast<int8_t>(x));
+        break;
+      case DType::kUInt8:
+        put_le(out, static_cast<uint8_t>(x));
+        break;
+      case DType::kUInt16:
+        put_le(out, static_cast<uint16_t>(x));
+        break;
+      case DType::kUInt32:
+        put_le(out, static_cast<uint32_t>(x));
+        break;
+      case DType::kUInt64:
+        put_le(out, static_cast<uint64_t>(x));
+        break;
+      case DType::kBool:
+        put_le(out, static_cast<uint8_t>(x != 0));
+        break;
+      default:
+        throw InvalidArgumentError(
+            str_cat("encode_event: tensor dtype ", dtype_name(dtype), " is not supported"));
+    }
+  }
+  return out;
+}
+
+std::string encode_tensor(const SummaryValue& v) {
+  const int64_t n = element_count(v.shape);
+  std::string t;
+  wire::put_varint_field(t, tensor_field::kDtype, static_cast<uint64_t>(v.dtype));
+  std::string shape;
+  for (int64_t d : v.shape) {
+    std::string dim;
+    if (d != 0) wire::put_varint_field(dim, 1, static_cast<uint64_t>(d));
+    wire::put_bytes_field(shape, 2, dim);
+  }
+  wire::put_bytes_field(t, tensor_field::kShape, shape);
+  if (v.dtype == DType::kString) {
+    DTRAIN_CHECK(static_cast<int64_t>(v.strings.size()) == n, "encode_event: tag '", v.tag,
+                 "' has ", v.strings.size(), " strings for ", n, " elements");
+    for (const std::string& s : v.strings) wire::put_bytes_field(t, tensor_field::kStringVal, s);
+  } else {
+    DTRAIN_CHECK(static_cast<int64_t>(v.numbers.size()) == n, "encode_event: tag '", v.tag,
+                 "' has ", v.numbers.size(), " numbers for ", n, " elements");
+    const std::string content = tensor_content(v.dtype, v.numbers);
+    if (!content.empty()) wire::put_bytes_field(t, tensor_field::kContent, content);
+  }
+  return t;
+}
+
+std::string encode_metadata(const SummaryMetadata& m) {
+  std::string out;
+  if (!m.plugin_name.empty() || !m.plugin_content.empty()) {
+    std::string pd;
+    if (!m.plugin_name.empty()) wire::put_bytes_field(pd, 1, m.plugin_name);
+    if (!m.plugin_content.empty()) wire::put_bytes_field(pd, 2, m.plugin_content);
+    wire::put_bytes_field(out, 1, pd);
+  }
+  if (!m.display_name.empty()) wire::put_bytes_field(out, 2, m.display_name);
+  if (!m.description.empty()) wire::put_bytes_field(out, 3, m.description);
+  if (m.data_class != DataClass::kUnknown) {
+    wire::put_varint_field(out, 4, static_cast<uint64_t>(m.data_class));
+  }
+  return out;
+}
+
+std::string encode_value(const SummaryValue& v) {
+  std::string out;
+  if (!v.tag.empty()) wire::put_bytes_field(out, value_field::kTag, v.tag);
+  switch (v.kind) {
+    case ValueKind::kNone:
+      break;
+    case ValueKind::kSimpleValue:
+      wire::put_float_field(out, value_field::kSimpleValue, static_cast<float>(v.value));
+      break;
+    case ValueKind::kTensor:
+      break;  // field 8 comes after node_name (7)
+    default:
+      throw InvalidArgumentError(str_cat("encode_event: tag '", v.tag, "': cannot encode a ",
+                                         value_kind_name(v.kind), " value"));
+  }
+  if (!v.node_name.empty()) wire::put_bytes_field(out, value_field::kNodeName, v.node_name);
+  if (v.kind == ValueKind::kTensor)
+    wire::put_bytes_field(out, value_field::kTensor, encode_tensor(v));
+  if (!v.metadata.empty())
+    wire::put_bytes_field(out, value_field::kMetadata, encode_metadata(v.metadata));
+  return out;
+}
+
+// --- decoding ---
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(mant), -24);
+  } else if (exp == 31) {
+    f = mant ? NAN : INFINITY;
+  } else {
+    f = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  }
+  return sign ? -f : f;
+}
+
+double from_varint(DType dtype, uint64_t raw) {
+  switch (dtype) {
+    case DType::kInt64:
+      return static_cast<double>(static_cast<int64_t>(raw));
+    case DType::kUInt64:
+      return static_cast<double>(raw);
+    case DType::kUInt32:
+      return static_cast<double>(static_cast<uint32_t>(raw));
+    case DType::kBool:
+      return raw != 0 ? 1.0 : 0.0;
+    case DType::kFloat16:
+      return half_to_float(static_cast<uint16_t>(raw));
+    case DType::kBFloat16:
+      return std::bit_cast<float>(static_cast<uint32_t>(raw & 0xffff) << 16);
+    default:
+      return static_cast<double>(static_cast<int32_t>(raw));
+  }
+}
+
+// Appends the elements of a repeated numeric field, packed (length-delimited) or not.
+void read_repeated(const Field& f, DType dtype, std::vector<double>& out) {
+  const bool fixed32 = f.number == tensor_field::kFloatVal;
+  const bool fixed64 = f.number == tensor_field::kDoubleVal;
+  if (f.type != wire::kLengthDelimited) {
+    if (fixed32)
+      out.push_back(f.as_float());
+    else if (fixed64)
+      out.push_back(f.as_double());
+    else
+      out.push_back(from_varint(dtype, f.number_value));
+    return;
+  }
+  std::string_view b = f.bytes;
+  if (fixed32 || fixed64) {
+    const size_t w = fixed32 ? 4 : 8;
+    if (b.size() % w != 0) throw DataLossError("malformed TensorProto: packed field length");
+    for (size_t i = 0; i < b.size(); i += w) {
+      if (fixed32) {
+        uint32_t u;
+        std::memcpy(&u, b.data() + i, 4);
+        out.push_back(std::bit_cast<float>(u));
+      } else {
+        uint64_t u;
+        std::memcpy(&u, b.data() + i, 8);
+        out.push_back(std::bit_cast<double>(u));
+      }
+    }
+    return;
+  }
+  Parser p(b, "TensorProto packed");
+  while (!p.done()) out.push_back(from_varint(dtype, p.varint()));
+}
+
+template <class T>
+void read_content(std::string_view c, std::vector<double>& out) {
+  if (c.size() % sizeof(T) != 0) {
+    throw DataLossError(str_cat("malformed TensorProto: tensor_content of ", c.size(),
+                                " bytes is not a multiple of ", sizeof(T)));
+  }
+  for (size_t i = 0; i < c.size(); i += sizeof(T)) {
+    T x;
+    std::memcpy(&x, c.data() + i, sizeof(T));
+    out.push_back(static_cast<double>(x));
+  }
+}
+
+void decode_content(DType dtype, std::string_view c, std::vector<double>& out) {
+  switch (dtype) {
+    case DType::kFloat32:
+      read_content<float>(c, out);
+      break;
+    case DType::kFloat64:
+      read_content<double>(c, out);
+      break;
+    case DType::kInt32:
+      read_content<int32_t>(c, out);
+      break;
+    case DType::kInt64:
+      read_content<int64_t>(c, out);
+      break;
+    case DType::kInt16:
+      read_content<int16_t>(c, out);
+      break;
+    case DType::kInt8:
+      read_content<int8_t>(c, out);
+      break;
+    case DType::kUInt8:
+      read_content<uint8_t>(c, out);
+      break;
+    case DType::kUInt16:
+      read_content<uint16_t>(c, out);
+      break;
+    case DType::kUInt32:
+      read_content<uint32_t>(c, out);
+      break;
+    case DType::kUInt64:
+      read_content<uint64_t>(c, out);
+      break;
+    case DType::kBool:
+      read_content<uint8_t>(c, out);
+      break;
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      std::vector<double> raw;
+      read_content<uint16_t>(c, raw);
+      for (double r : raw) out.push_back(from_varint(dtype, static_cast<uint64_t>(r)));
+      break;
+    }
+    default:
+      break;  // other dtypes (complex, resource, variant): not decoded
+  }
+}
+
+void decode_tensor(std::string_view bytes, SummaryValue& v) {
+  v.kind = ValueKind::kTensor;
+  Parser p(bytes, "TensorProto");
+  std::string_view content;
+  bool has_content = false;
+  std::vector<Field> vals;
+  while (!p.done()) {
+    const Field f = p.next();
+    switch (f.number) {
+      case tensor_field::kDtype:
+        v.dtype = static_cast<DType>(f.number_value);
+        break;
+      case tensor_field::kShape: {
+        Parser sp(f.bytes, "TensorShapeProto");
+        while (!sp.done()) {
+          const Field d = sp.next();
+          if (d.number != 2 || d.type != wire::kLengthDelimited) continue;
+          Parser dp(d.bytes, "TensorShapeProto.Dim");
+          int64_t size = 0;
+          while (!dp.done()) {
+            const Field s = dp.next();
+            if (s.number == 1) size = static_cast<int64_t>(s.number_value);
+          }
+          v.shape.push_back(size);
+        }
+        break;
+      }
+      case tensor_field::kContent:
+        content = f.bytes;
+        has_content = true;
+        break;
+      case tensor_field::kStringVal:
+        v.strings.emplace_back(f.bytes);
+        break;
+      case tensor_field::kHalfVal:
+      case tensor_field::kFloatVal:
+      case tensor_field::kDoubleVal:
+      case tensor_field::kIntVal:
+      case tensor_field::kInt64Val:
+      case tensor_field::kBoolVal:
+      case tensor_field::kUint32Val:
+      case tensor_field::kUint64Val:
+        vals.push_back(f);
+        break;
+      default:
+        break;
+    }
+  }
+  if (v.dtype == DType::kString) return;
+  if (has_content) {
+    decode_content(v.dtype, content, v.numbers);
+  } else {
+    for (const Field& f : vals) read_repeated(f, v.dtype, v.numbers);
+    // TensorFlow repeats the last value when a *_val field has fewer entries than elements.
+    const int64_t n = element_count(v.shape);
+    if (n > kMaxDecodedElements) throw DataLossError("malformed TensorProto: shape too large");
+    if (!v.numbers.empty() && n > static_cast<int64_t>(v.numbers.size())) {
+      v.numbers.resize(static_cast<size_t>(n), v.numbers.back());
+    }
+  }
+  if (v.numbers.size() == 1) v.value = v.numbers[0];
+}
+
+SummaryMetadata decode_metadata(std::string_view bytes) {
+  SummaryMetadata m;
+  Parser p(bytes, "SummaryMetadata");
+  while (!p.done()) {
+    const Field f = p.next();
+    switch (f.number) {
+      case 1: {
+        Parser pp(f.bytes, "SummaryMetadata.PluginData");
+        while (!pp.done()) {
+          const Field g = pp.next();
+          if (g.number == 1) m.plugin_name = g.bytes;
+          if (g.number == 2) m.plugin_content = g.bytes;
+        }
+        break;
+      }
+      case 2:
+        m.display_name = f.bytes;
+        break;
+      case 3:
+        m.description = f.bytes;
+        break;
+      case 4:
+        m.data_class = static_cast<DataClass>(f.number_value);
+        break;
+      default:
+        break;
+    }
+  }
+  return m;
+}
+
+SummaryValue decode_value(std::string_view bytes) {
+  SummaryValue v;
+  Parser p(bytes, "Summary.Value");
+  while (!p.done()) {
+    const Field f = p.next();
+    switch (f.number) {
+      case value_field::kTag:
+        v.tag = f.bytes;
+        break;
+      case value_field::kNodeName:
+        v.node_name = f.bytes;
+        break;
+      case value_field::kSimpleValue:
+        if (f.type != wire::kFixed32) p.fail("simple_value is not fixed32");
+        v.kind = ValueKind::kSimpleValue;
+        v.value = f.as_float();
+        break;
+      case value_field::kObsoleteHisto:
+      case value_field::kHisto:
+        v.kind = ValueKind::kHistogram;
+        break;
+      case value_field::kImage:
+        v.kind = ValueKind::kImage;
+        break;
+      case value_field::kAudio:
+        v.kind = ValueKind::kAudio;
+        break;
+      case value_field::kTensor:
+        decode_tensor(f.bytes, v);
+        break;
+      case value_field::kMetadata:
+        v.metadata = decode_metadata(f.bytes);
+        break;
+      default:
+        break;
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+bool SummaryValue::is_scalar() const {
+  if (kind == ValueKind::kSimpleValue) return true;
+  return kind == ValueKind::kTensor && dtype != DType::kString && numbers.size() == 1;
+}
+
+std::string SummaryValue::text() const {
+  std::string out;
+  for (size_t i = 0; i < strings.size(); ++i) {
+    if (i) out += '\n';
+    out += strings[i];
+  }
+  return out;
+}
+
+std::string encode_event(const Event& e) {
+  std::string out;
+  if (e.wall_time != 0) wire::put_double_field(out, event_field::kWallTime, e.wall_time);
+  if (e.step != 0) wire::put_varint_field(out, event_field::kStep, static_cast<uint64_t>(e.step));
+  switch (e.kind) {
+    case EventKind::kNone:
+      break;
+    case EventKind::kFileVersion:
+      wire::put_bytes_field(out, event_field::kFileVersion, e.file_version);
+      break;
+    case EventKind::kGraphDef:
+      wire::put_bytes_field(out, event_field::kGraphDef, e.blob);
+      break;
+    case EventKind::kSummary: {
+      std::string summary;
+      for (const SummaryValue& v : e.values) wire::put_bytes_field(summary, 1, encode_value(v));
+      wire::put_bytes_field(out, event_field::kSummary, summary);
+      break;
+    }
+    case EventKind::kLogMessage: {
+      std::string m;
+      if (e.log_level != 0) wire::put_varint_field(m, 1, static_cast<uint64_t>(e.log_level));
+      if (!e.message.empty()) wire::put_bytes_field(m, 2, e.message);
+      wire::put_bytes_field(out, event_field::kLogMessage, m);
+      break;
+    }
+    case EventKind::kSessionLog: {
+      std::string s;
+      if (e.session_status != SessionStatus::kUnspecified) {
+        wire::put_varint_field(s, 1, static_cast<uint64_t>(e.session_status));
+      }
+      if (!e.checkpoint_path.empty()) wire::put_bytes_field(s, 2, e.checkpoint_path);
+      if (!e.message.empty()) wire::put_bytes_field(s, 3, e.message);
+      wire::put_bytes_field(out, event_field::kSessionLog, s);
+      break;
+    }
+    case EventKind::kTaggedRunMetadata: {
+      std::string t;
+      if (!e.tag.empty()) wire::put_bytes_field(t, 1, e.tag);
+      if (!e.blob.empty()) wire::put_bytes_field(t, 2, e.blob);
+      wire::put_bytes_field(out, event_field::kTaggedRunMetadata, t);
+      break;
+    }
+    case EventKind::kMetaGraphDef:
+      wire::put_bytes_field(out, event_field::kMetaGraphDef, e.blob);
+      break;
+  }
+  if (!e.source_writer.empty()) {
+    std::string sm;
+    wire::put_bytes_field(sm, 1, e.source_writer);
+    wire::put_bytes_field(out, event_field::kSourceMetadata, sm);
+  }
+  return out;
+}
+
+Event decode_event(std::string_view bytes) {
+  Event e;
+  Parser p(bytes, "Event");
+  while (!p.done()) {
+    const Field f = p.next();
+    const bool bytes_field = f.type == wire::kLengthDelimited;
+    switch (f.number) {
+      case event_field::kWallTime:
+        if (f.type != wire::kFixed64) p.fail("wall_time is not a double");
+        e.wall_time = f.as_double();
+        break;
+      case event_field::kStep:
+        e.step = static_cast<int64_t>(f.number_value);
+        break;
+      case event_field::kFileVersion:
+        if (!bytes_field) p.fail("file_version is not a string");
+        e.kind = EventKind::kFileVersion;
+        e.file_version = f.bytes;
+        break;
+      case event_field::kGraphDef:
+      case event_field::kMetaGraphDef:
+        e.kind =
+            f.number == event_field::kGraphDef ? EventKind::kGraphDef : EventKind::kMetaGraphDef;
+        e.blob = f.bytes;
+        break;
+      case event_field::kSummary: {
+        if (!bytes_field) p.fail("summary is not a message");
+        e.kind = EventKind::kSummary;
+        Parser sp(f.bytes, "Summary");
+        while (!sp.done()) {
+          const Field v = sp.next();
+          if (v.number == 1 && v.type == wire::kLengthDelimited)
+            e.values.push_back(decode_value(v.bytes));
+        }
+        break;
+      }
+      case event_field::kLogMessage: {
+        e.kind = EventKind::kLogMessage;
+        Parser lp(f.bytes, "LogMessage");
+        while (!lp.done()) {
+          const Field g = lp.next();
+          if (g.number == 1) e.log_level = static_cast<int32_t>(g.number_value);
+          if (g.number == 2) e.message = g.bytes;
+        }
+        break;
+      }
+      case event_field::kSessionLog: {
+        e.kind = EventKind::kSessionLog;
+        Parser lp(f.bytes, "SessionLog");
+        while (!lp.done()) {
+          const Field g = lp.next();
+          if (g.number == 1) e.session_status = static_cast<SessionStatus>(g.number_value);
+          if (g.number == 2) e.checkpoint_path = g.bytes;
+          if (g.number == 3) e.message = g.bytes;
+        }
+        break;
+      }
+      case event_field::kTaggedRunMetadata: {
+        e.kind = EventKind::kTaggedRunMetadata;
+        Parser lp(f.bytes, "TaggedRunMetadata");
+        while (!lp.done()) {
+          const Field g = lp.next();
+          if (g.number == 1) e.tag = g.bytes;
+          if (g.number == 2) e.blob = g.bytes;
+        }
+        break;
+      }
+      case event_field::kSourceMetadata: {
+        Parser sp(f.bytes, "SourceMetadata");
+        while (!sp.done()) {
+          const Field g = sp.next();
+          if (g.number == 1) e.source_writer = g.bytes;
+        }
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return e;
+}
+
+const char* event_kind_name(EventKind kind) {
+  switch (kind) {
+    case EventKind::kNone:
+      return "none";
+    case EventKind::kFileVersion:
+      return "file_version";
+    case EventKind::kGraphDef:
+      return "graph_def";
+    case EventKind::kSummary:
+      return "summary";
+    case EventKind::kLogMessage:
+      return "log_message";
+    case EventKind::kSessionLog:
+      return "session_log";
+    case EventKind::kTaggedRunMetadata:
+      return "tagged_run_metadata";
+    case EventKind::kMetaGraphDef:
+      return "meta_graph_def";
+  }
+  return "unknown";
+}
+
+const char* value_kind_name(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::kNone:
+      return "none";
+    case ValueKind::kSimpleValue:
+      return "simple_value";
+    case ValueKind::kTensor:
+      return "tensor";
+    case ValueKind::kHistogram:
+      return "histo";
+    case ValueKind::kImage:
+      return "image";
+    case ValueKind::kAudio:
+      return "audio";
+  }
+  return "unknown";
+}
+
+}  // namespace dtrain::summary

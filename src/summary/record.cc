@@ -1,0 +1,156 @@
+// TFRecord framing and a reader that tells a torn tail from corruption
+// (include/dtrain/summary/record.h).
+#include "dtrain/summary/record.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ios>
+#include <sstream>
+
+#include "dtrain/core/crc32c.h"
+#include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
+
+namespace dtrain::summary {
+namespace {
+
+uint32_t load32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t load64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+std::string hex(uint32_t v) {
+  std::ostringstream os;
+  os << "0x" << std::hex << v;
+  return os.str();
+}
+
+}  // namespace
+
+std::string encode_record(std::string_view data) {
+  std::string out;
+  out.reserve(kRecordHeaderSize + data.size() + kRecordFooterSize);
+  const uint64_t n = data.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  const uint32_t len_crc = crc32c::mask(crc32c::value(out.data(), 8));
+  out.append(reinterpret_cast<const char*>(&len_crc), 4);
+  out.append(data);
+  const uint32_t data_crc = crc32c::mask(crc32c::value(data));
+  out.append(reinterpret_cast<const char*>(&data_crc), 4);
+  return out;
+}
+
+RecordReader::RecordReader(std::string path, RecordReaderOptions options)
+    : path_(std::move(path)), options_(options) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw_file_error(errno, "open", path_);
+  struct stat st;
+  if (::fstat(fd_, &st) == 0 && S_ISDIR(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw InvalidArgumentError(str_cat(path_, " is a directory, not an event file"));
+  }
+}
+
+RecordReader::~RecordReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+size_t RecordReader::pread_at(uint64_t offset, void* buf, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r =
+        ::pread(fd_, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_file_error(errno, "read", path_);
+    }
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return done;
+}
+
+uint64_t RecordReader::valid_record_at(uint64_t offset) {
+  char h[kRecordHeaderSize];
+  if (pread_at(offset, h, sizeof h) != sizeof h) return 0;
+  if (crc32c::unmask(load32(h + 8)) != crc32c::value(h, 8)) return 0;
+  const uint64_t n = load64(h);
+  if (n > (uint64_t{1} << 34)) return 0;
+  std::string data(n + kRecordFooterSize, '\0');
+  if (pread_at(offset + kRecordHeaderSize, data.data(), data.size()) != data.size()) return 0;
+  if (crc32c::unmask(load32(data.data() + n)) != crc32c::value(data.data(), n)) return 0;
+  return kRecordHeaderSize + n + kRecordFooterSize;
+}
+
+void RecordReader::skip_corrupt(const std::string& reason) {
+  const std::string where = str_cat(path_, ": record at offset ", offset_, ": ", reason);
+  if (!options_.skip_corrupt) throw DataLossError(where);
+  // Resynchronise: the first later offset holding a record whose both CRCs verify.
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) throw_file_error(errno, "stat", path_);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t next = offset_ + 1;
+  while (next + kRecordHeaderSize + kRecordFooterSize <= size && valid_record_at(next) == 0) ++next;
+  if (next + kRecordHeaderSize + kRecordFooterSize > size) next = size;
+  corrupt_.push_back({offset_, next - offset_, reason});
+  offset_ = next;
+}
+
+bool RecordReader::read(std::string* data) {
+  truncation_.clear();
+  for (;;) {
+    char h[kRecordHeaderSize];
+    const size_t got = pread_at(offset_, h, sizeof h);
+    if (got == 0) return false;
+    if (got < sizeof h) {
+      truncation_ = str_cat("truncated record at offset ", offset_, ": needs at least ",
+                            kRecordHeaderSize, " bytes of header, file ends after ", got);
+      return false;
+    }
+    const uint32_t stored_len_crc = crc32c::unmask(load32(h + 8));
+    const uint32_t len_crc = crc32c::value(h, 8);
+    if (stored_len_crc != len_crc) {
+      skip_corrupt(str_cat("length CRC mismatch (stored ", hex(stored_len_crc), ", computed ",
+                           hex(len_crc), ")"));
+      continue;
+    }
+    const uint64_t n = load64(h);
+    const uint64_t total = kRecordHeaderSize + n + kRecordFooterSize;
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) throw_file_error(errno, "stat", path_);
+    const uint64_t left = static_cast<uint64_t>(st.st_size) - offset_;
+    if (total > left) {
+      truncation_ = str_cat("truncated record at offset ", offset_, ": needs ", total,
+                            " bytes, file ends after ", left);
+      return false;
+    }
+    data->resize(n + kRecordFooterSize);
+    if (pread_at(offset_ + kRecordHeaderSize, data->data(), data->size()) != data->size()) {
+      truncation_ = str_cat("truncated record at offset ", offset_, ": file shrank while reading");
+      return false;
+    }
+    const uint32_t stored_crc = crc32c::unmask(load32(data->data() + n));
+    const uint32_t crc = crc32c::value(data->data(), n);
+    data->resize(n);
+    if (stored_crc != crc) {
+      skip_corrupt(str_cat("data CRC mismatch (stored ", hex(stored_crc), ", computed ", hex(crc),
+                           ") over ", n, " bytes"));
+      continue;
+    }
+    record_offset_ = offset_;
+    offset_ += total;
+    return true;
+  }
+}
+
+}  // namespace dtrain::summary

@@ -16,12 +16,17 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "dtrain/core/tensor.h"
 
 namespace dtrain::distribute {
 
 enum class ReduceOp { kSum, kMean };
+
+// One value per local replica, indexed by local replica (tf.distribute's PerReplica).
+using PerReplica = std::vector<Tensor>;
 
 class Strategy {
  public:
@@ -43,6 +48,28 @@ class Strategy {
   // Calls fn(local_replica) for every local replica, concurrently on the replica threads, and
   // waits for all of them; rethrows the first exception.
   virtual void run(const std::function<void(int local_replica)>& fn) = 0;
+  // strategy.run(fn) for a fn that returns a value: calls fn(local_replica) on every local
+  // replica as above and returns their results, indexed by local replica.
+  template <class F>
+  requires std::is_same_v<std::invoke_result_t<F&, int>, Tensor> PerReplica run(F&& fn) {
+    PerReplica out(num_local_replicas());
+    run(std::function<void(int)>([&](int r) { out[r] = fn(r); }));
+    return out;
+  }
+
+  // strategy.reduce(op, value): the element-wise sum of the local replicas' values (added in
+  // replica order 0, 1, ..., so the result does not depend on thread timing), then across
+  // workers; kMean divides by num_replicas_in_sync(). Returns a new tensor, identical on every
+  // worker. Throws InvalidArgumentError when the values differ in shape or dtype or their count
+  // is not num_local_replicas(); blocks and throws like all_reduce_across_workers.
+  Tensor reduce(ReduceOp op, const PerReplica& values);
+  // The training step's gradient reduction: out[v] = sum over local replicas r (in order) of
+  // per_replica[r][v], then all-reduced across workers (bucketed); kMean divides by
+  // num_replicas_in_sync(). The local sum is split by element ranges over the replica threads.
+  // `out` may alias per_replica[0] (then the sum is written in place). Allocates nothing.
+  // Throws InvalidArgumentError when the lists disagree in length, shape or dtype.
+  void reduce_gradients(std::span<const std::vector<Tensor>> per_replica, std::span<Tensor> out,
+                        ReduceOp op);
 
   // Reduces `tensors` element-wise across worker processes, in place; the same bits arrive on
   // every worker. A no-op with one worker. Blocks; throws UnavailableError when a peer is lost
@@ -52,6 +79,9 @@ class Strategy {
   virtual void broadcast_from_chief(std::span<Tensor> tensors) = 0;
   // Reduces one number across workers (metric totals, counts).
   virtual double all_reduce_scalar(double value, ReduceOp op) = 0;
+  // out[w] = worker w's `local`; `out` has shape [num_workers(), local.shape...]. For checks
+  // such as verify_sync (sync_check.h). Blocks and throws like all_reduce_across_workers.
+  virtual void all_gather_across_workers(const Tensor& local, Tensor& out);
   // Waits until every worker has reached this point.
   virtual void barrier() = 0;
 
@@ -69,7 +99,10 @@ class Strategy {
   [[nodiscard]] ScopeGuard scope() { return ScopeGuard(this); }
 };
 
-// The strategy of the innermost live scope on this thread, or null (single replica).
+// The strategy of the innermost live scope on this thread, or null (single replica). Replica
+// threads see the strategy that runs them.
 Strategy* current_strategy();
+// The local replica the calling thread is running inside Strategy::run, or -1 outside run.
+int current_local_replica();
 
 }  // namespace dtrain::distribute

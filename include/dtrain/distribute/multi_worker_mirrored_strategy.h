@@ -1,0 +1,76 @@
+// MultiWorkerMirroredStrategy: one process per worker, on one or many machines
+// (tf.distribute.MultiWorkerMirroredStrategy). Gradients are all-reduced with Gloo over TCP
+// (bucketed); the chief broadcasts the initial variables so every worker starts identical;
+// every collective has a timeout. Used from one controlling thread per process.
+//
+//   distribute::MultiWorkerMirroredStrategy strategy({.rendezvous = "file:///shared/rdzv"});
+//
+// The cluster comes from resolve_cluster() (TF_CONFIG, Slurm, Open MPI, dtrain launch) unless
+// given. Rendezvous, in order: options.store; options.rendezvous; the environment's
+// DTRAIN_RDZV; else the chief (rank 0) serves a coordination service at its cluster address
+// (TF_CONFIG's chief or worker 0 "host:port", Slurm's first task) and every worker connects to it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dtrain/distribute/cluster_resolver.h"
+#include "dtrain/distribute/collectives.h"
+#include "dtrain/distribute/key_value_store.h"
+#include "dtrain/distribute/mirrored_strategy.h"
+
+namespace dtrain::distribute {
+
+class CoordinationServer;
+
+struct MultiWorkerOptions {
+  std::optional<ClusterSpec> cluster = std::nullopt;  // default: resolve_cluster()
+  std::string rendezvous = "";  // file:///dir, redis://host:port, host:port (coordination)
+  std::shared_ptr<KeyValueStore> store = nullptr;  // a store to rendezvous on; wins over the URL
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);  // rendezvous and each collective
+  size_t bucket_bytes = size_t{4} << 20;                         // all-reduce bucket size
+  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  int local_replicas = 1;   // replica threads per worker (TF on CPU: 1)
+  int blas_threads = -1;    // as MirroredOptions::blas_threads; -1: leave alone
+  std::string host = "";    // address collectives bind; default: the cluster's host for this task
+  std::string run_id = "";  // default: the cluster's, else "default"
+  std::optional<int64_t> generation = std::nullopt;  // default: the cluster's, else a ticket
+};
+
+class MultiWorkerMirroredStrategy final : public MirroredStrategy {
+ public:
+  // Resolves the cluster, rendezvouses with every worker and connects the Gloo mesh. Blocks up
+  // to options.timeout. Throws InvalidArgumentError for a malformed cluster description (naming
+  // the variable), for a ps or evaluator task, or for workers started with different world
+  // sizes; DeadlineExceededError naming the ranks that never arrived; UnavailableError when the
+  // rendezvous store or a peer cannot be reached; FailedPreconditionError when no rendezvous is
+  // configured and the cluster has no chief address to serve one on.
+  explicit MultiWorkerMirroredStrategy(const MultiWorkerOptions& options = {});
+  ~MultiWorkerMirroredStrategy() override;
+
+  std::string name() const override { return "MultiWorkerMirroredStrategy"; }
+  int worker_rank() const override { return cluster_.rank; }
+  int num_workers() const override { return cluster_.num_workers; }
+  // TF's rule: the chief task, else worker 0 (always rank 0 here).
+  bool is_chief() const override { return cluster_.rank == 0; }
+
+  void all_reduce_across_workers(std::span<Tensor> tensors, ReduceOp op) override;
+  void broadcast_from_chief(std::span<Tensor> tensors) override;
+  double all_reduce_scalar(double value, ReduceOp op) override;
+  void barrier() override;
+  void all_gather_across_workers(const Tensor& local, Tensor& out) override;
+
+  const ClusterSpec& cluster() const { return cluster_; }
+  Collectives& collectives() { return *collectives_; }
+
+ private:
+  ClusterSpec cluster_;
+  std::unique_ptr<CoordinationServer> server_;  // rank 0, when it serves the rendezvous
+  std::shared_ptr<KeyValueStore> store_;
+  std::unique_ptr<Collectives> collectives_;
+};
+
+}  // namespace dtrain::distribute

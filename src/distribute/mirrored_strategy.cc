@@ -1,0 +1,103 @@
+// MirroredStrategy's persistent replica threads and BLAS thread sizing; OneDeviceStrategy.
+#include "dtrain/distribute/mirrored_strategy.h"
+
+#include "dtrain/core/error.h"
+#include "dtrain/core/thread_pool.h"
+#include "dtrain/ops/gemm.h"
+#include "replica_context.h"
+
+namespace dtrain::distribute {
+
+MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& options)
+    : num_replicas_(num_replicas == 0 ? hardware_concurrency() : num_replicas) {
+  DTRAIN_CHECK(num_replicas >= 0, "MirroredStrategy: num_replicas is ", num_replicas,
+               ", must be >= 0 (0: one per core)");
+  DTRAIN_CHECK(options.blas_threads >= -1, "MirroredStrategy: blas_threads is ",
+               options.blas_threads);
+  if (options.blas_threads != -1) {
+    previous_blas_threads_ = ops::num_threads();
+    ops::set_num_threads(options.blas_threads > 0
+                             ? options.blas_threads
+                             : std::max(1, hardware_concurrency() / num_replicas_));
+  }
+  errors_.resize(num_replicas_);
+  for (int r = 1; r < num_replicas_; ++r) threads_.emplace_back([this, r] { replica_loop(r); });
+}
+
+MirroredStrategy::~MirroredStrategy() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  if (previous_blas_threads_ > 0) ops::set_num_threads(previous_blas_threads_);
+}
+
+void MirroredStrategy::replica_loop(int replica) {
+  set_current_local_replica(replica);
+  ScopeGuard scope(this);
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    if (stop_) return;
+    seen = generation_;
+    const auto* fn = fn_;
+    lock.unlock();
+    try {
+      (*fn)(replica);
+    } catch (...) {
+      errors_[replica] = std::current_exception();
+    }
+    lock.lock();
+    if (--pending_ == 0) done_cv_.notify_all();
+  }
+}
+
+void MirroredStrategy::run(const std::function<void(int local_replica)>& fn) {
+  if (running_ || current_local_replica() >= 0) {
+    throw FailedPreconditionError("MirroredStrategy::run: called from inside run()");
+  }
+  running_ = true;
+  for (auto& e : errors_) e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    pending_ = num_replicas_ - 1;
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  set_current_local_replica(0);
+  ScopeGuard scope(this);
+  try {
+    fn(0);
+  } catch (...) {
+    errors_[0] = std::current_exception();
+  }
+  set_current_local_replica(-1);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    fn_ = nullptr;
+  }
+  running_ = false;
+  for (auto& e : errors_) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void OneDeviceStrategy::run(const std::function<void(int local_replica)>& fn) {
+  DTRAIN_CHECK(current_local_replica() < 0, "OneDeviceStrategy::run: called from inside run()");
+  set_current_local_replica(0);
+  ScopeGuard scope(this);
+  try {
+    fn(0);
+  } catch (...) {
+    set_current_local_replica(-1);
+    throw;
+  }
+  set_current_local_replica(-1);
+}
+
+}  // namespace dtrain::distribute

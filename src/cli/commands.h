@@ -12,5 +12,7 @@ namespace dtrain::cli {
 
 // fit / evaluate / predict over Fashion-MNIST, IDX or CSV data.
 void add_train_commands(CLI::App& app, std::function<int()>& run);
+// events: dump TensorBoard event files (src/cli/events.cc).
+void add_events_command(CLI::App& app, std::function<int()>& run);
 
 }  // namespace dtrain::cli

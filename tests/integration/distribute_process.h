@@ -1,0 +1,101 @@
+// Helpers for the multi-worker tests: spawn a process with a clean environment and its stderr
+// in a file, wait for it with a hard deadline (SIGKILL after), pick free loopback ports.
+// Not thread-safe; call from the test thread.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtrain::testing {
+
+struct Process {
+  pid_t pid = -1;
+  std::string log;  // stdout and stderr
+};
+
+// Starts argv with exactly `env` plus PATH and HOME; output goes to `log`.
+inline Process spawn(const std::vector<std::string>& argv,
+                     const std::map<std::string, std::string>& env, const std::string& log) {
+  std::vector<std::string> env_strings;
+  for (const char* keep : {"PATH", "HOME"}) {
+    if (const char* v = std::getenv(keep)) env_strings.push_back(std::string(keep) + "=" + v);
+  }
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> args, envp;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execve(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+  return {pid, log};
+}
+
+// Waits until the process exits or `deadline` passes (then kills it and returns -1). Returns the
+// exit status, or 128 + signal.
+inline int wait_for(Process& p, std::chrono::steady_clock::time_point deadline) {
+  for (;;) {
+    int status = 0;
+    const pid_t r = waitpid(p.pid, &status, WNOHANG);
+    if (r == p.pid) {
+      p.pid = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(p.pid, SIGKILL);
+      waitpid(p.pid, &status, 0);
+      p.pid = -1;
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A port that was free on 127.0.0.1 a moment ago (bind to port 0, read it, close).
+inline int free_port() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+inline std::string make_temp_dir() {
+  char tmpl[] = "/tmp/dtrain_dist_XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+}  // namespace dtrain::testing

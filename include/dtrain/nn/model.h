@@ -87,6 +87,12 @@ class Model : public Layer {
   virtual std::string to_json() const;
 
   // --- Training (implemented in src/train/) -------------------------------------------------
+  // Keras's model.save / save_weights / load_weights for ".h5", ".hdf5" and ".keras" paths
+  // (dtrain/train/saving.h has the details, the options and load_model). save_weights and
+  // load_weights throw UnimplementedError for TF checkpoint prefixes (other paths) for now.
+  void save(const std::string& path);
+  void save_weights(const std::string& path);
+  void load_weights(const std::string& path);
   // Configures loss, optimizer and metrics (keras Model.compile).
   void compile(const train::CompileOptions& options);
   bool compiled() const;

@@ -1,0 +1,734 @@
+// Model saving in Keras's HDF5 format: the glue between models, compile() settings and optimizer
+// state on one side and checkpoint::KerasH5Contents on the other. Keras's JSON spellings for
+// optimizers, schedules, losses and metrics are translated here in both directions. Not
+// thread-safe with respect to the model being saved or loaded.
+#include "dtrain/train/saving.h"
+
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "dtrain/checkpoint/keras_h5.h"
+#include "dtrain/core/error.h"
+#include "dtrain/train/training.h"
+
+namespace dtrain::train {
+namespace {
+
+namespace ck = dtrain::checkpoint;
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+// What dtrain writes as keras_version: the Keras release whose layout it follows.
+constexpr const char* kKerasVersion = "2.12.0";
+
+void warn(const std::string& message) { std::cerr << "WARNING: " << message << "\n"; }
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Paths handled here: Keras's HDF5 suffixes, or an existing HDF5 file under any name (as Keras
+// checks h5py.is_hdf5). Anything else is a TF checkpoint prefix.
+bool is_h5(const std::string& path) { return ck::is_keras_h5_path(path) || ck::is_hdf5_file(path); }
+
+[[noreturn]] void checkpoint_prefix_unimplemented(const char* fn, const std::string& path) {
+  throw UnimplementedError(str_cat(
+      fn, ": '", path,
+      "' is a TF checkpoint prefix (it does not end in .h5, .hdf5 or .keras); TF-format weights "
+      "arrive with the checkpoint module (dtrain::checkpoint::Checkpoint). Use an .h5 path"));
+}
+
+void check_built(nn::Model& model, const char* fn) {
+  if (!model.built()) {
+    throw FailedPreconditionError(str_cat(
+        fn, ": model '", model.name(),
+        "' has not been built yet, so it has no weights: build it (declare the input shape, call "
+        "build(input_shape) or fit()) first"));
+  }
+}
+
+// The layers that own weight groups in a file: model.layers() without InputLayer (Keras's
+// model.layers does not list it).
+std::vector<nn::Layer*> saved_layers(nn::Model& model) {
+  std::vector<nn::Layer*> out;
+  for (const auto& l : model.layers()) {
+    if (l->class_name() != "InputLayer") out.push_back(l.get());
+  }
+  return out;
+}
+
+// Keras's order of a layer's weights in its group: trainable ones, then non-trainable ones.
+std::vector<Variable*> keras_ordered_weights(nn::Layer& layer) {
+  std::vector<Variable*> out = layer.trainable_weights();
+  for (Variable* v : layer.non_trainable_weights()) out.push_back(v);
+  return out;
+}
+
+// The weights the model owns itself (not through a sub-layer), trainable first.
+std::vector<Variable*> own_weights(nn::Model& model) {
+  std::vector<Variable*> trainable, frozen;
+  for (Variable* v : model.nn::Layer::weights()) {
+    (model.trainable() && v->trainable() ? trainable : frozen).push_back(v);
+  }
+  trainable.insert(trainable.end(), frozen.begin(), frozen.end());
+  return trainable;
+}
+
+std::vector<ck::H5Weight> to_h5(const std::vector<Variable*>& vars) {
+  std::vector<ck::H5Weight> out;
+  out.reserve(vars.size());
+  for (Variable* v : vars) out.push_back({ck::keras_weight_name(v->name()), v->tensor()});
+  return out;
+}
+
+ck::KerasH5Contents weights_contents(nn::Model& model) {
+  ck::KerasH5Contents c;
+  c.keras_version = kKerasVersion;
+  for (nn::Layer* l : saved_layers(model)) {
+    c.layers.push_back({l->name(), to_h5(keras_ordered_weights(*l))});
+  }
+  c.top_level_weights = to_h5(own_weights(model));
+  return c;
+}
+
+// --- Optimizer configs --------------------------------------------------------------------------
+
+// Hyperparameters Keras serializes as booleans.
+bool is_bool_key(const std::string& key) {
+  return key == "amsgrad" || key == "nesterov" || key == "centered" || key == "staircase";
+}
+
+ordered_json schedule_to_keras(const optim::ScheduleConfig& s) {
+  ordered_json config;
+  for (const auto& [key, value] : s.scalars) {
+    if (is_bool_key(key)) {
+      config[key] = value != 0.0;
+    } else if (key == "decay_steps") {
+      config[key] = static_cast<int64_t>(value);
+    } else {
+      config[key] = value;
+    }
+  }
+  for (const auto& [key, values] : s.lists) {
+    ordered_json list = ordered_json::array();
+    for (double v : values) {
+      if (key == "boundaries") {
+        list.push_back(static_cast<int64_t>(v));
+      } else {
+        list.push_back(v);
+      }
+    }
+    config[key] = list;
+  }
+  config["name"] = nullptr;
+  ordered_json j;
+  j["class_name"] = s.class_name;
+  j["config"] = config;
+  return j;
+}
+
+std::shared_ptr<const optim::ScheduleConfig> schedule_from_keras(const json& j,
+                                                                 const std::string& where) {
+  DTRAIN_CHECK(j.is_object() && j.contains("class_name") && j["class_name"].is_string(), where,
+               ": a learning-rate schedule must be {\"class_name\": ..., \"config\": ...}, got ",
+               j.dump());
+  auto s = std::make_shared<optim::ScheduleConfig>();
+  s->class_name = j["class_name"].get<std::string>();
+  const json config = j.value("config", json::object());
+  for (const auto& [key, value] : config.items()) {
+    if (key == "name" || value.is_null()) continue;
+    if (value.is_boolean()) {
+      s->scalars.emplace_back(key, value.get<bool>() ? 1.0 : 0.0);
+    } else if (value.is_number()) {
+      s->scalars.emplace_back(key, value.get<double>());
+    } else if (value.is_array()) {
+      std::vector<double> list;
+      for (const json& v : value) {
+        DTRAIN_CHECK(v.is_number(), where, ": schedule argument '", key,
+                     "' must be a list of numbers, got ", value.dump());
+        list.push_back(v.get<double>());
+      }
+      s->lists.emplace_back(key, std::move(list));
+    } else {
+      throw InvalidArgumentError(
+          str_cat(where, ": unsupported schedule argument '", key, "': ", value.dump()));
+    }
+  }
+  return s;
+}
+
+// Keras 2.12's optimizer_config for a new-style (>= 2.11) optimizer.
+ordered_json optimizer_config_to_keras(const optim::OptimizerConfig& c) {
+  ordered_json config;
+  config["name"] = c.name.empty() ? c.class_name : c.name;
+  const double* wd = c.find("weight_decay");
+  config["weight_decay"] = wd != nullptr && *wd != 0.0 ? ordered_json(*wd) : ordered_json(nullptr);
+  config["clipnorm"] = nullptr;
+  config["global_clipnorm"] = nullptr;
+  config["clipvalue"] = nullptr;
+  config["use_ema"] = false;
+  config["ema_momentum"] = 0.99;
+  config["ema_overwrite_frequency"] = nullptr;
+  config["jit_compile"] = false;
+  config["is_legacy_optimizer"] = false;
+  if (c.learning_rate_schedule) {
+    config["learning_rate"] = schedule_to_keras(*c.learning_rate_schedule);
+  }
+  for (const auto& [key, value] : c.hyperparameters) {
+    if (key == "weight_decay") continue;
+    if (is_bool_key(key)) {
+      config[key] = value != 0.0;
+    } else {
+      config[key] = value;
+    }
+  }
+  ordered_json j;
+  j["class_name"] = c.class_name;
+  j["config"] = config;
+  return j;
+}
+
+// Reads Keras's optimizer_config of any 2.x version into dtrain's config.
+optim::OptimizerConfig optimizer_config_from_keras(const json& j) {
+  const char* where = "training_config.optimizer_config";
+  DTRAIN_CHECK(j.is_object() && j.contains("class_name") && j["class_name"].is_string(), where,
+               ": expected {\"class_name\": ..., \"config\": ...}, got ", j.dump());
+  optim::OptimizerConfig out;
+  out.class_name = j["class_name"].get<std::string>();
+  // Keras 2.11-2.12 write registered names such as "Custom>Adam".
+  if (const size_t gt = out.class_name.rfind('>'); gt != std::string::npos) {
+    out.class_name = out.class_name.substr(gt + 1);
+  }
+  const json config = j.value("config", json::object());
+  DTRAIN_CHECK(config.is_object(), where, ".config: expected an object");
+  for (const auto& [key, value] : config.items()) {
+    if (key == "name") {
+      if (value.is_string()) out.name = value.get<std::string>();
+    } else if (key == "is_legacy_optimizer" || key == "jit_compile" || key == "ema_momentum" ||
+               key == "ema_overwrite_frequency") {
+      // No effect on the update dtrain computes.
+    } else if (key == "clipnorm" || key == "clipvalue" || key == "global_clipnorm") {
+      DTRAIN_CHECK(value.is_null(), where, ": gradient clipping (", key, " = ", value.dump(),
+                   ") is not supported by dtrain; load with {.compile = false} and compile "
+                   "the model yourself");
+    } else if (key == "use_ema") {
+      DTRAIN_CHECK(value.is_null() || (value.is_boolean() && !value.get<bool>()), where,
+                   ": use_ema (weight averaging) is not supported by dtrain; load with "
+                   "{.compile = false}");
+    } else if (key == "decay") {
+      // Legacy (OptimizerV2 / Keras 2.2) inverse-time decay of the learning rate.
+      DTRAIN_CHECK(value.is_null() || (value.is_number() && value.get<double>() == 0.0), where,
+                   ": the legacy learning-rate decay (decay = ", value.dump(),
+                   ") is not supported by dtrain; load with {.compile = false} and use a "
+                   "learning-rate schedule");
+    } else if (key == "lr" || key == "learning_rate") {
+      if (value.is_object()) {
+        out.learning_rate_schedule = schedule_from_keras(value, str_cat(where, ".", key));
+      } else {
+        DTRAIN_CHECK(value.is_number(), where, ".", key, ": expected a number or a schedule, got ",
+                     value.dump());
+        out.hyperparameters.emplace_back("learning_rate", value.get<double>());
+      }
+    } else if (value.is_null()) {
+      // None means the default (weight_decay, epsilon in old Keras).
+    } else if (value.is_boolean()) {
+      out.hyperparameters.emplace_back(key, value.get<bool>() ? 1.0 : 0.0);
+    } else if (value.is_number()) {
+      out.hyperparameters.emplace_back(key, value.get<double>());
+    } else {
+      throw InvalidArgumentError(
+          str_cat(where, ": unsupported value for '", key, "': ", value.dump()));
+    }
+  }
+  return out;
+}
+
+// --- Losses and metrics -------------------------------------------------------------------------
+
+ordered_json loss_to_keras(const nn::Loss& loss) {
+  ordered_json j;
+  j["class_name"] = loss.get_config().class_name;
+  j["config"] = ordered_json::parse(loss.config_json());
+  return j;
+}
+
+std::shared_ptr<nn::Loss> loss_from_keras(const json& j) {
+  const json* loss = &j;
+  // Per-output forms of a single-output model: {"dense_1": loss} or [loss].
+  if (loss->is_array() && loss->size() == 1) loss = &(*loss)[0];
+  if (loss->is_object() && !loss->contains("class_name") && loss->size() == 1) {
+    loss = &loss->begin().value();
+  }
+  DTRAIN_CHECK(loss->is_string() || loss->is_object(), "training_config.loss: expected a loss ",
+               "name or {\"class_name\": ..., \"config\": ...}, got ", j.dump(),
+               " (multi-output models are not supported)");
+  return nn::loss_from_json(loss->dump());
+}
+
+void collect_metric_entries(const json& j, std::vector<const json*>& out) {
+  if (j.is_array()) {
+    for (const json& e : j) collect_metric_entries(e, out);
+  } else if (j.is_object() && !j.contains("class_name")) {
+    for (const auto& [key, e] : j.items()) collect_metric_entries(e, out);  // per output
+  } else if (!j.is_null()) {
+    out.push_back(&j);
+  }
+}
+
+// The metric names to compile() with: each entry is a name or a serialized metric, whose
+// config name ("accuracy"), function ("sparse_categorical_accuracy") or class is tried in turn.
+std::vector<std::string> metric_names_from_keras(const json& j, const nn::Loss* loss) {
+  std::vector<const json*> entries;
+  collect_metric_entries(j, entries);
+  std::vector<std::string> names;
+  for (const json* e : entries) {
+    std::vector<std::string> candidates;
+    if (e->is_string()) {
+      candidates.push_back(e->get<std::string>());
+    } else if (e->is_object()) {
+      const json config = e->value("config", json::object());
+      if (config.is_object()) {
+        for (const char* key : {"name", "fn"}) {
+          if (config.contains(key) && config[key].is_string()) {
+            candidates.push_back(config[key].get<std::string>());
+          }
+        }
+      }
+      if ((*e)["class_name"].is_string())
+        candidates.push_back((*e)["class_name"].get<std::string>());
+    }
+    bool found = false;
+    for (const std::string& c : candidates) {
+      try {
+        (void)nn::metric_from_name(c, loss);
+        names.push_back(c);
+        found = true;
+        break;
+      } catch (const InvalidArgumentError&) {
+      }
+    }
+    DTRAIN_CHECK(found, "training_config.metrics: metric ", e->dump(),
+                 " is not supported by dtrain; load with {.compile = false} and compile the model "
+                 "with metrics of your choice");
+  }
+  return names;
+}
+
+// --- Optimizer state ----------------------------------------------------------------------------
+
+// The optimizer's variables in the order Keras 2.12 creates them (its set_weights is
+// positional): iteration, then Adam/AdamW m and v interleaved per variable (vhat after), SGD m per
+// variable (zeros when dtrain keeps none, as Keras always creates them), RMSprop and others slot by
+// slot.
+std::vector<ck::H5Weight> optimizer_weights_in_keras_order(optim::Optimizer& opt,
+                                                           const std::vector<Variable*>& vars) {
+  std::vector<ck::H5Weight> out;
+  out.push_back({ck::keras_weight_name(opt.iterations_variable().name()),
+                 opt.iterations_variable().tensor()});
+  for (Variable* v : vars) {
+    bool all = true;
+    for (const std::string& s : opt.slot_names()) all = all && opt.slot(*v, s) != nullptr;
+    if (!all) return out;  // not built yet: Keras writes only the iteration then too
+  }
+  const std::string cls = opt.get_config().class_name;
+  const std::vector<std::string> slots = opt.slot_names();
+  auto add = [&](Variable* v, const std::string& s) {
+    Variable* slot = opt.slot(*v, s);
+    out.push_back({ck::keras_weight_name(slot->name()), slot->tensor()});
+  };
+  auto has = [&](const std::string& s) {
+    return std::find(slots.begin(), slots.end(), s) != slots.end();
+  };
+  if (cls == "Adam" || cls == "AdamW") {
+    for (Variable* v : vars) {
+      add(v, "m");
+      add(v, "v");
+    }
+    if (has("vhat")) {
+      for (Variable* v : vars) add(v, "vhat");
+    }
+  } else if (cls == "SGD") {
+    for (Variable* v : vars) {
+      if (has("m")) {
+        add(v, "m");
+      } else {
+        out.push_back({str_cat(opt.name(), "/m/", v->name(), ":0"), Tensor::zeros(v->shape())});
+      }
+    }
+  } else {
+    for (const std::string& s : slots) {
+      for (Variable* v : vars) add(v, s);
+    }
+  }
+  return out;
+}
+
+// dtrain's slot name for a slot name found in a file, "" when this optimizer keeps no such slot.
+std::string slot_alias(const std::string& file_slot, const std::string& cls,
+                       const std::vector<std::string>& slots) {
+  std::string s = file_slot;
+  // Names of OptimizerV2 (TF 2.0-2.10) slots that Keras >= 2.11 renamed.
+  if (cls == "SGD" && s == "momentum") s = "m";
+  if (cls == "RMSprop" && s == "rms") s = "velocity";
+  if (cls == "RMSprop" && s == "mg") s = "average_gradient";
+  return std::find(slots.begin(), slots.end(), s) != slots.end() ? s : std::string();
+}
+
+struct Assignment {
+  Variable* target;
+  const Tensor* value;
+  std::string file_name;
+};
+
+// Restores iteration and slots from the file's optimizer weights; returns "" on success, else why
+// it could not (and then changes nothing beyond the zero slots build() creates).
+std::string restore_optimizer_state(optim::Optimizer& opt, const std::vector<Variable*>& vars,
+                                    const std::vector<ck::H5Weight>& weights) {
+  opt.build(vars);
+  std::map<std::string, Variable*> by_name;
+  for (Variable* v : vars) by_name[v->name()] = v;
+  const std::vector<std::string> slots = opt.slot_names();
+  const std::string cls = opt.get_config().class_name;
+  const Tensor* iteration = nullptr;
+  std::vector<Assignment> plan;
+  std::string unmatched;
+  for (const ck::H5Weight& w : weights) {
+    std::string n = ck::strip_weight_suffix(w.name);
+    if (starts_with(n, "training/")) n = n.substr(9);  // TF1-graph-mode Keras name scope
+    if (n == "iteration" || n == "iter" || n == "iterations" || ends_with(n, "/iter") ||
+        ends_with(n, "/iterations")) {
+      iteration = &w.value;
+      continue;
+    }
+    const size_t first = n.find('/');
+    Variable* var = nullptr;
+    std::string file_slot;
+    if (first != std::string::npos) {
+      const std::string rest = n.substr(first + 1);
+      // Keras >= 2.11: "<optimizer>/<slot>/<variable>".
+      if (const size_t s = rest.find('/');
+          s != std::string::npos && by_name.count(rest.substr(s + 1))) {
+        var = by_name[rest.substr(s + 1)];
+        file_slot = rest.substr(0, s);
+      } else if (const size_t e = rest.rfind('/');
+                 e != std::string::npos && by_name.count(rest.substr(0, e))) {
+        // OptimizerV2: "<optimizer>/<variable>/<slot>".
+        var = by_name[rest.substr(0, e)];
+        file_slot = rest.substr(e + 1);
+      }
+    }
+    if (var == nullptr) {
+      unmatched = w.name;
+      break;
+    }
+    const std::string slot = slot_alias(file_slot, cls, slots);
+    if (slot.empty()) continue;  // e.g. Keras's SGD "m" slots when momentum is 0
+    Variable* target = opt.slot(*var, slot);
+    DTRAIN_INTERNAL_CHECK(target != nullptr);
+    for (const Assignment& a : plan) {
+      if (a.target == target)
+        return str_cat("two optimizer weights fill slot '", target->name(), "'");
+    }
+    plan.push_back({target, &w.value, w.name});
+  }
+  if (!unmatched.empty()) {
+    // Names that do not mention the model's variables (Keras 2.2's "training/Adam/Variable:0"):
+    // Keras's own set_weights order, iteration first, then slot by slot. Trailing extras are
+    // slots dtrain does not keep (Keras 2.2's Adam creates [1]-shaped vhats even without
+    // amsgrad, its SGD creates moments even without momentum); shapes guard the alignment.
+    const size_t expected = 1 + slots.size() * vars.size();
+    if (weights.size() < expected) {
+      return str_cat("optimizer weight '", unmatched,
+                     "' names no variable of the model, and the file's ", weights.size(),
+                     " optimizer weights are fewer than the ", expected, " this ", cls,
+                     " keeps (iteration + ", slots.size(), " slots x ", vars.size(),
+                     " variables) to match them by position");
+    }
+    plan.clear();
+    iteration = &weights[0].value;
+    size_t k = 1;
+    for (const std::string& s : slots) {
+      for (Variable* v : vars) {
+        plan.push_back({opt.slot(*v, s), &weights[k].value, weights[k].name});
+        ++k;
+      }
+    }
+  }
+  if (!plan.empty() && plan.size() != slots.size() * vars.size()) {
+    return str_cat("the file has ", plan.size(), " of the ", slots.size() * vars.size(),
+                   " slot variables this ", cls, " keeps");
+  }
+  for (const Assignment& a : plan) {
+    if (a.value->dtype() != a.target->dtype() || a.value->shape() != a.target->shape()) {
+      return str_cat("optimizer weight '", a.file_name, "' is ", dtype_name(a.value->dtype()), " ",
+                     a.value->shape().to_string(), " but slot '", a.target->name(), "' is ",
+                     dtype_name(a.target->dtype()), " ", a.target->shape().to_string());
+    }
+  }
+  int64_t steps = 0;
+  if (iteration != nullptr) {
+    if (iteration->num_elements() != 1) {
+      return str_cat("the iteration counter has shape ", iteration->shape().to_string());
+    }
+    steps = static_cast<int64_t>(iteration->item());
+  }
+  for (const Assignment& a : plan) a.target->assign(*a.value);
+  opt.iterations_variable().tensor().data<int64_t>()[0] = steps;
+  return {};
+}
+
+// --- Model weights ------------------------------------------------------------------------------
+
+// Pairs `vars` with the file's weights of one layer, checking count, dtype and shape. Returns
+// false (after a warning) when `skip` and they do not fit; throws InvalidArgumentError otherwise.
+bool plan_layer(const char* fn, const std::string& path, const std::string& layer,
+                const std::string& file_layer, const std::vector<Variable*>& vars,
+                const std::vector<ck::H5Weight>& weights, bool skip,
+                std::vector<Assignment>& plan) {
+  std::string problem;
+  if (vars.size() != weights.size()) {
+    problem = str_cat("layer '", layer, "' has ", vars.size(), " weights but file layer '",
+                      file_layer, "' has ", weights.size());
+  } else {
+    for (size_t i = 0; i < vars.size() && problem.empty(); ++i) {
+      const Tensor& t = weights[i].value;
+      if (t.shape() != vars[i]->shape() || t.dtype() != vars[i]->dtype()) {
+        problem = str_cat("layer '", layer, "', weight '", weights[i].name, "': the file has ",
+                          dtype_name(t.dtype()), " ", t.shape().to_string(), " but the model's '",
+                          vars[i]->name(), "' is ", dtype_name(vars[i]->dtype()), " ",
+                          vars[i]->shape().to_string());
+      }
+    }
+  }
+  if (problem.empty()) {
+    for (size_t i = 0; i < vars.size(); ++i)
+      plan.push_back({vars[i], &weights[i].value, weights[i].name});
+    return true;
+  }
+  if (skip) {
+    warn(str_cat(fn, ": ", path, ": skipping ", problem));
+    return false;
+  }
+  throw InvalidArgumentError(str_cat(fn, ": ", path, ": ", problem));
+}
+
+std::string layer_list(const std::vector<std::string>& names) {
+  std::string out = "[";
+  for (size_t i = 0; i < names.size(); ++i) out += str_cat(i ? ", " : "", names[i]);
+  return out + "]";
+}
+
+// Assigns the file's layer weights to the model: by position among the layers that have weights
+// (Keras's default), or by name. `strict` (load_model) requires every layer on both sides to be
+// matched. Checks everything before assigning anything.
+void assign_model_weights(const char* fn, const std::string& path, nn::Model& model,
+                          const ck::KerasH5Contents& c, bool by_name, bool skip_mismatch,
+                          bool strict) {
+  std::vector<Assignment> plan;
+  const std::vector<nn::Layer*> layers = saved_layers(model);
+  if (by_name) {
+    std::set<std::string> seen;
+    for (const ck::H5LayerWeights& fl : c.layers) {
+      nn::Layer* match = nullptr;
+      for (nn::Layer* l : layers) {
+        if (l->name() == fl.name) match = l;
+      }
+      if (match == nullptr) {
+        DTRAIN_CHECK(!strict || fl.weights.empty(), fn, ": ", path,
+                     ": the file has weights for "
+                     "layer '",
+                     fl.name, "' but the model has no layer of that name");
+        continue;
+      }
+      seen.insert(fl.name);
+      plan_layer(fn, path, match->name(), fl.name, keras_ordered_weights(*match), fl.weights,
+                 skip_mismatch, plan);
+    }
+    if (strict) {
+      for (nn::Layer* l : layers) {
+        DTRAIN_CHECK(seen.count(l->name()) || l->weights().empty(), fn, ": ", path,
+                     ": the file has no weights for layer '", l->name(), "'");
+      }
+    }
+  } else {
+    std::vector<nn::Layer*> model_with;
+    std::vector<std::string> model_names, file_names;
+    for (nn::Layer* l : layers) {
+      if (!l->weights().empty()) {
+        model_with.push_back(l);
+        model_names.push_back(l->name());
+      }
+    }
+    std::vector<const ck::H5LayerWeights*> file_with;
+    for (const ck::H5LayerWeights& fl : c.layers) {
+      if (!fl.weights.empty()) {
+        file_with.push_back(&fl);
+        file_names.push_back(fl.name);
+      }
+    }
+    DTRAIN_CHECK(model_with.size() == file_with.size(), fn, ": ", path, ": the file has ",
+                 file_with.size(), " layers with weights ", layer_list(file_names),
+                 " but the model has ", model_with.size(), " ", layer_list(model_names));
+    for (size_t i = 0; i < model_with.size(); ++i) {
+      plan_layer(fn, path, model_with[i]->name(), file_with[i]->name,
+                 keras_ordered_weights(*model_with[i]), file_with[i]->weights, false, plan);
+    }
+  }
+  const std::vector<Variable*> own = own_weights(model);
+  if (!own.empty() || !c.top_level_weights.empty()) {
+    plan_layer(fn, path, model.name() + " (top level)", "top_level_model_weights", own,
+               c.top_level_weights, skip_mismatch, plan);
+  }
+  for (const Assignment& a : plan) a.target->assign(*a.value);
+}
+
+// Builds every layer of a Sequential whose input shape is known (model_from_json builds the
+// model, but a first layer after an InputLayer may still be unbuilt).
+void build_all_layers(nn::Model& model) {
+  auto* seq = dynamic_cast<nn::Sequential*>(&model);
+  if (seq == nullptr || !model.input_shape()) return;
+  Shape s = *model.input_shape();
+  for (const auto& l : seq->layers()) {
+    l->build(s);
+    s = l->compute_output_shape(s);
+  }
+}
+
+}  // namespace
+
+std::string training_config_json(nn::Model& model) {
+  TrainingState* s = model.training_state();
+  if (s == nullptr || !s->optimizer || !s->loss) {
+    throw FailedPreconditionError(
+        str_cat("training_config_json: model '", model.name(), "' is not compiled"));
+  }
+  ordered_json j;
+  j["loss"] = loss_to_keras(*s->loss);
+  ordered_json metrics = ordered_json::array();
+  for (const auto& m : s->metrics) metrics.push_back(m->name());
+  j["metrics"] = metrics;
+  j["weighted_metrics"] = nullptr;
+  j["loss_weights"] = nullptr;
+  j["optimizer_config"] = optimizer_config_to_keras(s->optimizer->get_config());
+  return j.dump();
+}
+
+void compile_from_training_config(nn::Model& model, const std::string& training_config) {
+  json j;
+  try {
+    j = json::parse(training_config);
+  } catch (const json::exception& e) {
+    throw InvalidArgumentError(str_cat("training_config: invalid JSON: ", e.what()));
+  }
+  DTRAIN_CHECK(j.is_object(), "training_config: expected an object");
+  DTRAIN_CHECK(j.contains("loss") && !j["loss"].is_null(), "training_config: no loss");
+  DTRAIN_CHECK(j.contains("optimizer_config"), "training_config: no optimizer_config");
+  std::shared_ptr<nn::Loss> loss = loss_from_keras(j["loss"]);
+  std::vector<std::string> metrics;
+  if (j.contains("metrics")) metrics = metric_names_from_keras(j["metrics"], loss.get());
+  std::shared_ptr<optim::Optimizer> optimizer =
+      optim::optimizer_from_config(optimizer_config_from_keras(j["optimizer_config"]));
+  model.compile({.optimizer = optimizer, .loss = loss, .metrics = metrics});
+}
+
+void save_model(nn::Model& model, const std::string& path, const SaveModelOptions& options) {
+  if (!ck::is_keras_h5_path(path)) {
+    throw UnimplementedError(str_cat(
+        "save: '", path,
+        "' does not end in .h5, .hdf5 or .keras; dtrain saves whole models in Keras's HDF5 format "
+        "only (no SavedModel directories). Use an .h5 path"));
+  }
+  check_built(model, "save");
+  json config = json::parse(model.to_json());  // UnimplementedError for subclassed models
+  config.erase("keras_version");  // model.to_json() has them; an .h5 model_config does not
+  config.erase("backend");
+  ck::KerasH5Contents c = weights_contents(model);
+  c.weights_only = false;
+  c.model_config = config.dump();
+  if (options.include_optimizer && model.compiled() && model.optimizer() != nullptr) {
+    c.training_config = training_config_json(model);
+    c.optimizer_weights =
+        optimizer_weights_in_keras_order(*model.optimizer(), model.trainable_variables());
+  }
+  ck::write_keras_h5(path, c, {.fixed_length_strings = options.fixed_length_strings});
+}
+
+std::unique_ptr<nn::Model> load_model(const std::string& path, const LoadModelOptions& options) {
+  if (!is_h5(path)) {
+    ck::read_keras_h5(path);  // NotFoundError for a missing path
+    throw UnimplementedError(str_cat("load_model: '", path,
+                                     "' is not a Keras HDF5 file; dtrain loads whole models from "
+                                     ".h5 files only"));
+  }
+  const ck::KerasH5Contents c = ck::read_keras_h5(path);
+  DTRAIN_CHECK(!c.weights_only && !c.model_config.empty(), "load_model: ", path,
+               " has no model_config: it holds weights only (written by save_weights). Build "
+               "the model in code and call load_weights");
+  std::unique_ptr<nn::Model> model;
+  try {
+    model = nn::model_from_json(c.model_config);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(str_cat("load_model: ", path, ": model_config: ", e.what()));
+  }
+  build_all_layers(*model);
+  DTRAIN_CHECK(model->built(), "load_model: ", path,
+               ": the model_config declares no input shape, so its weights cannot be created");
+  assign_model_weights("load_model", path, *model, c, /*by_name=*/true, /*skip_mismatch=*/false,
+                       /*strict=*/true);
+  if (!options.compile) return model;
+  if (c.training_config.empty()) {
+    warn(str_cat("load_model: ", path,
+                 ": no training configuration found in the file, so the model was not compiled. "
+                 "Compile it manually."));
+    return model;
+  }
+  try {
+    compile_from_training_config(*model, c.training_config);
+  } catch (const InvalidArgumentError& e) {
+    throw InvalidArgumentError(str_cat("load_model: ", path, ": ", e.what()));
+  }
+  if (!c.optimizer_weights.empty()) {
+    const std::string problem = restore_optimizer_state(
+        *model->optimizer(), model->trainable_variables(), c.optimizer_weights);
+    if (!problem.empty()) {
+      warn(str_cat("load_model: ", path, ": could not restore the optimizer state: ", problem,
+                   ". The model starts with a freshly initialized optimizer."));
+    }
+  }
+  return model;
+}
+
+void save_weights(nn::Model& model, const std::string& path) {
+  if (!ck::is_keras_h5_path(path)) checkpoint_prefix_unimplemented("save_weights", path);
+  check_built(model, "save_weights");
+  ck::KerasH5Contents c = weights_contents(model);
+  c.weights_only = true;
+  ck::write_keras_h5(path, c);
+}
+
+void load_weights(nn::Model& model, const std::string& path, const LoadWeightsOptions& options) {
+  if (!is_h5(path)) checkpoint_prefix_unimplemented("load_weights", path);
+  check_built(model, "load_weights");
+  const ck::KerasH5Contents c = ck::read_keras_h5(path);
+  DTRAIN_CHECK(options.by_name || !options.skip_mismatch,
+               "load_weights: skip_mismatch requires by_name (as in Keras)");
+  assign_model_weights("load_weights", path, model, c, options.by_name, options.skip_mismatch,
+                       /*strict=*/false);
+}
+
+}  // namespace dtrain::train
+
+namespace dtrain::nn {
+
+void Model::save(const std::string& path) { train::save_model(*this, path); }
+void Model::save_weights(const std::string& path) { train::save_weights(*this, path); }
+void Model::load_weights(const std::string& path) { train::load_weights(*this, path); }
+
+}  // namespace dtrain::nn

@@ -1,0 +1,867 @@
+// Model saving in Keras's HDF5 format: loading the real Keras 2.12 model, bitwise save/load
+// round trips (weights, optimizer slots, iteration, configs), fit() continuing after load_model
+// exactly as an uninterrupted run, files in the older Keras layouts (written here with the
+// HDF5 layer's h5py-2.x mode: fixed-length strings, no InputLayer, OptimizerV2 and Keras 2.2
+// optimizer names), and the errors and crash safety of saving.
+#include "dtrain/train/saving.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "dtrain/checkpoint/keras_h5.h"
+#include "dtrain/core/random.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/optim/adam.h"
+#include "dtrain/optim/rmsprop.h"
+#include "dtrain/optim/sgd.h"
+#include "dtrain/train/training.h"
+
+namespace dtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ck = dtrain::checkpoint;
+
+const std::string kFixtureDir = "../shared/fixtures/keras_h5/mnist_mlp_keras212/";
+const std::string kFixture = kFixtureDir + "mnist_model.h5";
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "saving_test.XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+ private:
+  std::string path_;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::vector<double>> read_csv(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::vector<double>> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::vector<double> row;
+    std::stringstream ss(line);
+    std::string cell;
+    while (std::getline(ss, cell, ',')) row.push_back(std::stod(cell));
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+double max_abs_diff_to_csv(const Tensor& t, const std::string& csv) {
+  const auto rows = read_csv(csv);
+  const float* p = t.data<float>();
+  size_t k = 0;
+  double diff = 0;
+  for (const auto& row : rows) {
+    for (double v : row) {
+      if (k >= static_cast<size_t>(t.num_elements())) return INFINITY;
+      diff = std::max(diff, std::abs(static_cast<double>(p[k++]) - v));
+    }
+  }
+  return k == static_cast<size_t>(t.num_elements()) ? diff : INFINITY;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+template <class E, class F>
+std::string expect_throws(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "no exception";
+  return {};
+}
+
+// 256 examples of 8 features in 3 classes given by a fixed random linear teacher.
+struct Data {
+  Tensor x, y;
+};
+
+Data make_data() {
+  std::mt19937 gen(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int n = 256, d = 8, k = 3;
+  std::vector<float> teacher(d * k), xs(n * d), ys(n);
+  for (float& w : teacher) w = normal(gen);
+  for (int i = 0; i < n; ++i) {
+    float best = -INFINITY;
+    for (int j = 0; j < d; ++j) xs[i * d + j] = normal(gen);
+    for (int c = 0; c < k; ++c) {
+      float s = 0;
+      for (int j = 0; j < d; ++j) s += xs[i * d + j] * teacher[j * k + c];
+      if (s > best) {
+        best = s;
+        ys[i] = static_cast<float>(c);
+      }
+    }
+  }
+  return {Tensor::from_vector(xs, Shape{n, d}), Tensor::from_vector(ys, Shape{n})};
+}
+
+// A fresh model (random initial weights; see same_start for reproducible ones).
+std::unique_ptr<nn::Sequential> make_model() {
+  auto m = std::make_unique<nn::Sequential>(std::initializer_list<nn::LayerRef>{
+      nn::Dense(16, {.activation = "relu", .input_shape = Shape{8}}),
+      nn::Dense(3, {.activation = "softmax"})});
+  return m;
+}
+
+// Two fresh models that start from the same weights: the second loads the first's initial
+// weights through save_weights/load_weights (model_from_json keeps no initializer seeds, so
+// seeded initializers would not survive a save/load round trip of the config).
+std::pair<std::unique_ptr<nn::Sequential>, std::unique_ptr<nn::Sequential>> same_start(
+    const std::string& init_path) {
+  auto a = make_model();
+  auto c = make_model();
+  a->save_weights(init_path);
+  c->load_weights(init_path);
+  return {std::move(a), std::move(c)};
+}
+
+void compile_adam(nn::Model& m) {
+  m.compile({.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.05}),
+             .loss = "sparse_categorical_crossentropy",
+             .metrics = {"accuracy"}});
+}
+
+// Per-batch losses of each epoch, recovered from the running means fit() reports (every batch
+// has the same size here, so loss_k = mean_k·(k+1) − mean_{k−1}·k).
+class BatchLosses : public Callback {
+ public:
+  void on_epoch_begin(int64_t epoch, const Logs&) override {
+    epochs.push_back(epoch);
+    losses.emplace_back();
+    prev_mean_ = 0;
+  }
+  void on_train_batch_end(int64_t batch, const Logs& logs) override {
+    const double mean = logs.at("loss");
+    losses.back().push_back(mean * static_cast<double>(batch + 1) -
+                            prev_mean_ * static_cast<double>(batch));
+    prev_mean_ = mean;
+  }
+  std::vector<int64_t> epochs;
+  std::vector<std::vector<double>> losses;
+
+ private:
+  double prev_mean_ = 0;
+};
+
+History fit_epochs(nn::Model& m, const Data& d, int64_t epochs, int64_t initial_epoch,
+                   std::shared_ptr<BatchLosses> recorder) {
+  return m.fit(d.x, d.y,
+               {.epochs = epochs,
+                .batch_size = 32,
+                .initial_epoch = initial_epoch,
+                .seed = 7,
+                .verbose = 0,
+                .callbacks = {recorder}});
+}
+
+// Compares optimizer state; slot names only when `same_names` (models built separately in one
+// process get different default layer names).
+void expect_same_optimizer_state(nn::Model& a, nn::Model& b, bool same_names = true) {
+  optim::Optimizer* oa = a.optimizer();
+  optim::Optimizer* ob = b.optimizer();
+  ASSERT_NE(oa, nullptr);
+  ASSERT_NE(ob, nullptr);
+  EXPECT_EQ(oa->iterations(), ob->iterations());
+  const auto va = a.trainable_variables();
+  const auto vb = b.trainable_variables();
+  ASSERT_EQ(va.size(), vb.size());
+  ASSERT_EQ(oa->slot_names(), ob->slot_names());
+  for (size_t i = 0; i < va.size(); ++i) {
+    for (const std::string& s : oa->slot_names()) {
+      Variable* sa = oa->slot(*va[i], s);
+      Variable* sb = ob->slot(*vb[i], s);
+      ASSERT_NE(sa, nullptr) << va[i]->name() << " " << s;
+      ASSERT_NE(sb, nullptr) << vb[i]->name() << " " << s;
+      if (same_names) {
+        EXPECT_EQ(sa->name(), sb->name());
+      }
+      EXPECT_TRUE(bitwise_equal(sa->tensor(), sb->tensor())) << sa->name();
+    }
+  }
+  const optim::OptimizerConfig ca = oa->get_config();
+  const optim::OptimizerConfig cb = ob->get_config();
+  EXPECT_EQ(ca.class_name, cb.class_name);
+  if (same_names) {
+    EXPECT_EQ(ca.name, cb.name);
+  }
+  EXPECT_EQ(ca.hyperparameters, cb.hyperparameters);
+  EXPECT_EQ(ca.learning_rate_schedule != nullptr, cb.learning_rate_schedule != nullptr);
+  if (ca.learning_rate_schedule && cb.learning_rate_schedule) {
+    EXPECT_EQ(ca.learning_rate_schedule->class_name, cb.learning_rate_schedule->class_name);
+    EXPECT_EQ(ca.learning_rate_schedule->scalars, cb.learning_rate_schedule->scalars);
+    EXPECT_EQ(ca.learning_rate_schedule->lists, cb.learning_rate_schedule->lists);
+  }
+}
+
+void expect_same_weights(nn::Model& a, nn::Model& b, bool same_names = true) {
+  const auto wa = a.weights();
+  const auto wb = b.weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i) {
+    if (same_names) {
+      EXPECT_EQ(wa[i]->name(), wb[i]->name());
+    }
+    EXPECT_TRUE(bitwise_equal(wa[i]->tensor(), wb[i]->tensor())) << wa[i]->name();
+  }
+}
+
+// --- The real Keras 2.12 model ------------------------------------------------------------------
+
+TEST(LoadModelKeras212, RebuildsTheCompiledSequential) {
+  std::unique_ptr<nn::Model> m = load_model(kFixture);
+  auto* seq = dynamic_cast<nn::Sequential*>(m.get());
+  ASSERT_NE(seq, nullptr);
+  EXPECT_EQ(m->name(), "sequential");
+  ASSERT_EQ(m->layers().size(), 3u);
+  EXPECT_EQ(m->layers()[0]->class_name(), "Flatten");
+  EXPECT_EQ(m->layers()[1]->class_name(), "Dense");
+  EXPECT_EQ(m->layers()[2]->class_name(), "Dense");
+  EXPECT_EQ(m->layers()[1]->name(), "dense");
+  EXPECT_EQ(m->layers()[2]->name(), "dense_1");
+  ASSERT_TRUE(m->compiled());
+  ASSERT_NE(m->optimizer(), nullptr);
+  EXPECT_EQ(m->optimizer()->get_config().class_name, "Adam");
+  EXPECT_FLOAT_EQ(m->optimizer()->learning_rate(), 0.001f);
+  EXPECT_EQ(m->training_state()->loss->name(), "sparse_categorical_crossentropy");
+  ASSERT_EQ(m->training_state()->metrics.size(), 1u);
+  EXPECT_EQ(m->training_state()->metrics[0]->name(), "accuracy");
+
+  // Weights equal the CSVs Keras dumped.
+  auto& dense = dynamic_cast<nn::Dense&>(*m->layers()[1]);
+  auto& dense_1 = dynamic_cast<nn::Dense&>(*m->layers()[2]);
+  EXPECT_LE(max_abs_diff_to_csv(dense.kernel().tensor(), kFixtureDir + "layer_1_weights_0.csv"),
+            1e-7);
+  EXPECT_LE(max_abs_diff_to_csv(dense.bias()->tensor(), kFixtureDir + "layer_1_weights_1.csv"),
+            1e-7);
+  EXPECT_LE(max_abs_diff_to_csv(dense_1.kernel().tensor(), kFixtureDir + "layer_2_weights_0.csv"),
+            1e-7);
+  EXPECT_LE(max_abs_diff_to_csv(dense_1.bias()->tensor(), kFixtureDir + "layer_2_weights_1.csv"),
+            1e-7);
+
+  // The optimizer state is the file's, bitwise (Keras >= 2.11 names, m/v interleaved).
+  const ck::KerasH5Contents c = ck::read_keras_h5(kFixture);
+  EXPECT_EQ(m->optimizer()->iterations(), c.optimizer_weights[0].value.data<int64_t>()[0]);
+  for (const ck::H5Weight& w : c.optimizer_weights) {
+    if (w.name == "iteration:0") continue;
+    const std::string name = ck::strip_weight_suffix(w.name);  // "Adam/m/dense/kernel"
+    const size_t a = name.find('/'), b = name.find('/', a + 1);
+    const std::string slot = name.substr(a + 1, b - a - 1), var = name.substr(b + 1);
+    Variable* target = nullptr;
+    for (Variable* v : m->trainable_variables()) {
+      if (v->name() == var) target = m->optimizer()->slot(*v, slot);
+    }
+    ASSERT_NE(target, nullptr) << w.name;
+    EXPECT_TRUE(bitwise_equal(target->tensor(), w.value)) << w.name;
+  }
+}
+
+TEST(LoadModelKeras212, PredictsProbabilityDistributionsAndKeepsTraining) {
+  std::unique_ptr<nn::Model> m = load_model(kFixture);
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  std::vector<float> xs(16 * 28 * 28);
+  for (float& v : xs) v = pixel(gen);
+  const Tensor x = Tensor::from_vector(xs, Shape{16, 28, 28});
+  const Tensor p = m->predict(x, {.batch_size = 8});
+  ASSERT_EQ(p.shape(), (Shape{16, 10}));
+  for (int i = 0; i < 16; ++i) {
+    double sum = 0;
+    for (int j = 0; j < 10; ++j) {
+      const float v = p.data<float>()[i * 10 + j];
+      EXPECT_GE(v, 0.0f);
+      EXPECT_LE(v, 1.0f);
+      sum += v;
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << i;
+  }
+  // Two more Adam steps from the restored state.
+  const int64_t before = m->optimizer()->iterations();
+  std::vector<float> labels(16);
+  for (int i = 0; i < 16; ++i) labels[i] = static_cast<float>(i % 10);
+  const History h = m->fit(x, Tensor::from_vector(labels, Shape{16}),
+                           {.epochs = 1, .batch_size = 8, .verbose = 0});
+  EXPECT_EQ(m->optimizer()->iterations(), before + 2);
+  EXPECT_TRUE(std::isfinite(h.last("loss")));
+}
+
+// --- Round trips --------------------------------------------------------------------------------
+
+TEST(SaveModel, RoundTripIsBitwiseForWeightsSlotsIterationAndConfigs) {
+  TempDir dir;
+  const Data d = make_data();
+  auto a = make_model();
+  compile_adam(*a);
+  fit_epochs(*a, d, 2, 0, std::make_shared<BatchLosses>());
+  ASSERT_EQ(a->optimizer()->iterations(), 16);
+  a->save(dir.file("m.h5"));
+
+  std::unique_ptr<nn::Model> b = load_model(dir.file("m.h5"));
+  EXPECT_EQ(b->to_json(), a->to_json());
+  expect_same_weights(*a, *b);
+  expect_same_optimizer_state(*a, *b);
+  EXPECT_EQ(b->training_state()->loss->name(), "sparse_categorical_crossentropy");
+  ASSERT_EQ(b->training_state()->metrics.size(), 1u);
+  EXPECT_EQ(b->training_state()->metrics[0]->name(), "accuracy");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.h5"});
+
+  // Saving the loaded model again writes the same contents.
+  b->save(dir.file("again.h5"));
+  const ck::KerasH5Contents c1 = ck::read_keras_h5(dir.file("m.h5"));
+  const ck::KerasH5Contents c2 = ck::read_keras_h5(dir.file("again.h5"));
+  EXPECT_EQ(c1.model_config, c2.model_config);
+  EXPECT_EQ(c1.training_config, c2.training_config);
+}
+
+TEST(SaveModel, WritesKeras212Layout) {
+  TempDir dir;
+  auto a = make_model();
+  compile_adam(*a);
+  fit_epochs(*a, make_data(), 1, 0, std::make_shared<BatchLosses>());
+  a->save(dir.file("m.h5"));
+  const ck::KerasH5Contents c = ck::read_keras_h5(dir.file("m.h5"));
+  EXPECT_FALSE(c.weights_only);
+  EXPECT_EQ(c.keras_version, "2.12.0");
+  EXPECT_EQ(c.backend, "tensorflow");
+  const auto config = nlohmann::json::parse(c.model_config);
+  EXPECT_EQ(config["class_name"], "Sequential");
+  EXPECT_FALSE(config.contains("keras_version"));  // only model.to_json() carries it
+  EXPECT_EQ(config["config"]["layers"][0]["class_name"], "InputLayer");
+  const auto training = nlohmann::json::parse(c.training_config);
+  EXPECT_EQ(training["loss"]["class_name"], "SparseCategoricalCrossentropy");
+  EXPECT_EQ(training["metrics"], nlohmann::json::array({"accuracy"}));
+  EXPECT_EQ(training["optimizer_config"]["class_name"], "Adam");
+  EXPECT_EQ(training["optimizer_config"]["config"]["is_legacy_optimizer"], false);
+  EXPECT_EQ(training["optimizer_config"]["config"]["learning_rate"], 0.05);
+  EXPECT_EQ(training["optimizer_config"]["config"]["amsgrad"], false);
+  ASSERT_EQ(c.layers.size(), 2u);
+  const std::string l0 = a->layers()[0]->name(), l1 = a->layers()[1]->name();
+  EXPECT_EQ(c.layers[0].name, l0);
+  ASSERT_EQ(c.layers[0].weights.size(), 2u);
+  EXPECT_EQ(c.layers[0].weights[0].name, l0 + "/kernel:0");
+  EXPECT_EQ(c.layers[0].weights[1].name, l0 + "/bias:0");
+  // Keras 2.12's order, which its positional set_weights relies on: iteration, then m and v
+  // interleaved per variable.
+  const std::vector<std::string> expected = {"iteration:0",
+                                             "Adam/m/" + l0 + "/kernel:0",
+                                             "Adam/v/" + l0 + "/kernel:0",
+                                             "Adam/m/" + l0 + "/bias:0",
+                                             "Adam/v/" + l0 + "/bias:0",
+                                             "Adam/m/" + l1 + "/kernel:0",
+                                             "Adam/v/" + l1 + "/kernel:0",
+                                             "Adam/m/" + l1 + "/bias:0",
+                                             "Adam/v/" + l1 + "/bias:0"};
+  ASSERT_EQ(c.optimizer_weights.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(c.optimizer_weights[i].name, expected[i]);
+  EXPECT_EQ(c.optimizer_weights[0].value.dtype(), DType::kInt64);
+  EXPECT_EQ(c.optimizer_weights[0].value.data<int64_t>()[0], 8);
+}
+
+TEST(SaveModel, RoundTripsEveryOptimizerAndSchedule) {
+  const Data d = make_data();
+  std::vector<std::shared_ptr<optim::Optimizer>> optimizers = {
+      std::make_shared<optim::SGD>(
+          optim::SGDOptions{.learning_rate = 0.05, .momentum = 0.9, .nesterov = true}),
+      std::make_shared<optim::SGD>(optim::SGDOptions{.learning_rate = 0.05}),
+      std::make_shared<optim::RMSprop>(
+          optim::RMSpropOptions{.learning_rate = 0.01, .momentum = 0.5, .centered = true}),
+      std::make_shared<optim::AdamW>(optim::AdamWOptions{.weight_decay = 0.01, .amsgrad = true}),
+  };
+  auto scheduled = std::make_shared<optim::Adam>();
+  scheduled->set_learning_rate_schedule(
+      std::make_shared<optim::ExponentialDecay>(0.01, 5, 0.5, true));
+  optimizers.push_back(scheduled);
+  auto piecewise = std::make_shared<optim::SGD>();
+  piecewise->set_learning_rate_schedule(std::make_shared<optim::PiecewiseConstantDecay>(
+      std::vector<int64_t>{4, 10}, std::vector<double>{0.1, 0.05, 0.01}));
+  optimizers.push_back(piecewise);
+  for (const auto& opt : optimizers) {
+    SCOPED_TRACE(opt->get_config().class_name);
+    TempDir dir;
+    auto a = make_model();
+    a->compile({.optimizer = opt, .loss = "sparse_categorical_crossentropy"});
+    fit_epochs(*a, d, 1, 0, std::make_shared<BatchLosses>());
+    a->save(dir.file("m.h5"));
+    std::unique_ptr<nn::Model> b = load_model(dir.file("m.h5"));
+    expect_same_weights(*a, *b);
+    expect_same_optimizer_state(*a, *b);
+    EXPECT_EQ(b->optimizer()->learning_rate(), a->optimizer()->learning_rate());
+  }
+}
+
+// --- Resuming -----------------------------------------------------------------------------------
+
+// Train 2 epochs, save, load, train the 3rd epoch: the loss continues where it was (it does not
+// jump back to the initial loss), and the result is bitwise what an uninterrupted 3-epoch run
+// computes. Bitwise, not merely close, because nothing differs between the two runs: the same
+// initial weights (seeded), the same batches in the same order (fit shuffles each epoch by seed
+// and epoch number, and initial_epoch = 2 selects epoch 2's order), the same kernels on the same
+// shapes, and a restored state that is exact — float32 weights and slots stored as their bits,
+// the int64 iteration counter (Adam's bias correction depends on it), and hyperparameters that
+// survive JSON unchanged (nlohmann writes the shortest decimal that reads back as the same
+// double).
+TEST(LoadModelResume, FitContinuesExactlyAsAnUninterruptedRun) {
+  set_random_seed(2024);  // deterministic initial weights
+  TempDir dir;
+  const Data d = make_data();
+
+  auto [a, c] = same_start(dir.file("init.h5"));
+  compile_adam(*a);
+  auto before = std::make_shared<BatchLosses>();
+  fit_epochs(*a, d, 2, 0, before);
+  a->save(dir.file("resume.h5"));
+
+  std::unique_ptr<nn::Model> b = load_model(dir.file("resume.h5"));
+  auto after = std::make_shared<BatchLosses>();
+  fit_epochs(*b, d, 3, 2, after);
+  ASSERT_EQ(after->epochs, std::vector<int64_t>{2});
+
+  // "Loss before saving": the last epoch's mean loss (what fit reported); a single batch's loss
+  // varies by ±0.15 around it here.
+  const double initial = before->losses[0].front();
+  double last_epoch = 0;
+  for (double l : before->losses[1])
+    last_epoch += l / static_cast<double>(before->losses[1].size());
+  const double first_after = after->losses[0].front();
+  std::printf(
+      "initial loss %.6f, epoch 2 mean before saving %.6f, first batch after loading %.6f\n",
+      initial, last_epoch, first_after);
+  ASSERT_LT(last_epoch, 0.7 * initial) << "the model should have learned in 2 epochs";
+  EXPECT_LT(std::abs(first_after - last_epoch), 0.3 * (initial - last_epoch));
+
+  compile_adam(*c);
+  auto uninterrupted = std::make_shared<BatchLosses>();
+  fit_epochs(*c, d, 3, 0, uninterrupted);
+  ASSERT_EQ(uninterrupted->losses.size(), 3u);
+  EXPECT_EQ(after->losses[0], uninterrupted->losses[2]);
+  expect_same_weights(*b, *c, /*same_names=*/false);
+  expect_same_optimizer_state(*b, *c, /*same_names=*/false);
+}
+
+// The control that shows the test above can fail: the same weights with a fresh optimizer
+// (load without compile, compile anew) do not reproduce the uninterrupted run.
+TEST(LoadModelResume, AFreshOptimizerDoesNotReproduceTheRun) {
+  set_random_seed(2024);
+  TempDir dir;
+  const Data d = make_data();
+  auto [a, c] = same_start(dir.file("init.h5"));
+  compile_adam(*a);
+  fit_epochs(*a, d, 2, 0, std::make_shared<BatchLosses>());
+  a->save(dir.file("resume.h5"));
+  std::unique_ptr<nn::Model> b = load_model(dir.file("resume.h5"), {.compile = false});
+  EXPECT_FALSE(b->compiled());
+  compile_adam(*b);
+  auto after = std::make_shared<BatchLosses>();
+  fit_epochs(*b, d, 3, 2, after);
+  compile_adam(*c);
+  auto uninterrupted = std::make_shared<BatchLosses>();
+  fit_epochs(*c, d, 3, 0, uninterrupted);
+  EXPECT_EQ(after->losses[0].front(),
+            uninterrupted->losses[2].front());            // same weights, same batch
+  EXPECT_NE(after->losses[0], uninterrupted->losses[2]);  // then Adam's state makes the difference
+  EXPECT_EQ(b->optimizer()->iterations(), 8);
+}
+
+// --- Older Keras files --------------------------------------------------------------------------
+
+// A file as TF 2.0/2.1 (keras_version "2.2.4-tf", h5py 2.x) wrote it: fixed-length strings, no
+// InputLayer (batch_input_shape on the first layer), the OptimizerV2 optimizer config and slot
+// names ("Adam/iter:0", "Adam/dense/kernel/m:0", all m's then all v's), no
+// top_level_model_weights group.
+ck::KerasH5Contents tf21_style_contents(const std::string& lr_key, bool standalone_names) {
+  ck::KerasH5Contents c;
+  c.keras_version = standalone_names ? "2.2.4" : "2.2.4-tf";
+  c.model_config = R"({"class_name": "Sequential", "config": {"name": "sequential", "layers": [
+    {"class_name": "Dense", "config": {"name": "dense", "trainable": true,
+      "batch_input_shape": [null, 4], "dtype": "float32", "units": 3, "activation": "relu",
+      "use_bias": true, "kernel_initializer": {"class_name": "GlorotUniform",
+      "config": {"seed": null}}, "bias_initializer": {"class_name": "Zeros", "config": {}},
+      "kernel_regularizer": null, "bias_regularizer": null, "activity_regularizer": null,
+      "kernel_constraint": null, "bias_constraint": null}},
+    {"class_name": "Dense", "config": {"name": "dense_1", "trainable": true, "dtype": "float32",
+      "units": 2, "activation": "softmax", "use_bias": true}}]}})";
+  c.training_config = str_cat(
+      R"({"loss": "sparse_categorical_crossentropy", "metrics": ["acc"], "weighted_metrics": null,
+          "sample_weight_mode": null, "loss_weights": null, "optimizer_config": {"class_name": "Adam",
+          "config": {)",
+      standalone_names ? "" : R"("name": "Adam", )", "\"", lr_key,
+      R"(": 0.0020000000949949026, "decay": 0.0, "beta_1": 0.9, "beta_2": 0.999,
+          "epsilon": 1e-07, "amsgrad": false}}})");
+  auto fill = [](const Shape& s, float start) {
+    Tensor t(s);
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = start + 0.01f * i;
+    return t;
+  };
+  c.layers = {
+      {"dense", {{"dense/kernel:0", fill({4, 3}, 1)}, {"dense/bias:0", fill({3}, 2)}}},
+      {"dense_1", {{"dense_1/kernel:0", fill({3, 2}, 3)}, {"dense_1/bias:0", fill({2}, 4)}}}};
+  Tensor iter(DType::kInt64, Shape{});
+  iter.data<int64_t>()[0] = 5;
+  const std::vector<std::pair<std::string, Shape>> vars = {{"dense/kernel", {4, 3}},
+                                                           {"dense/bias", {3}},
+                                                           {"dense_1/kernel", {3, 2}},
+                                                           {"dense_1/bias", {2}}};
+  int k = 0;
+  if (standalone_names) {
+    // Keras 2.2.4 (standalone): unnamed slot variables, then [1]-shaped vhats even without amsgrad.
+    c.optimizer_weights.push_back({"Adam/iterations:0", iter});
+    for (const char* slot : {"m", "v"}) {
+      for (const auto& [name, shape] : vars) {
+        c.optimizer_weights.push_back(
+            {str_cat("training/Adam/Variable", k ? str_cat("_", k) : "", ":0"),
+             fill(shape, slot[0] == 'm' ? 10.0f : 20.0f)});
+        ++k;
+      }
+    }
+    for (size_t i = 0; i < vars.size(); ++i) {
+      c.optimizer_weights.push_back(
+          {str_cat("training/Adam/Variable_", k++, ":0"), Tensor::zeros({1})});
+    }
+  } else {
+    c.optimizer_weights.push_back({"Adam/iter:0", iter});
+    for (const char* slot : {"m", "v"}) {
+      for (const auto& [name, shape] : vars) {
+        c.optimizer_weights.push_back(
+            {str_cat("Adam/", name, "/", slot, ":0"), fill(shape, slot[0] == 'm' ? 10.0f : 20.0f)});
+      }
+    }
+  }
+  return c;
+}
+
+void expect_tf21_model_loaded(nn::Model& m, const ck::KerasH5Contents& c) {
+  ASSERT_EQ(m.layers().size(), 2u);
+  EXPECT_EQ(m.layers()[0]->name(), "dense");
+  EXPECT_EQ(m.input_shape(), std::optional<Shape>(Shape{4}));
+  const auto vars = m.trainable_variables();
+  ASSERT_EQ(vars.size(), 4u);
+  EXPECT_TRUE(bitwise_equal(vars[0]->tensor(), c.layers[0].weights[0].value));
+  EXPECT_TRUE(bitwise_equal(vars[3]->tensor(), c.layers[1].weights[1].value));
+  ASSERT_TRUE(m.compiled());
+  optim::Optimizer& opt = *m.optimizer();
+  EXPECT_EQ(opt.get_config().class_name, "Adam");
+  EXPECT_FLOAT_EQ(opt.learning_rate(), 0.002f);
+  EXPECT_EQ(opt.iterations(), 5);
+  for (size_t i = 0; i < vars.size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(opt.slot(*vars[i], "m")->tensor(), c.optimizer_weights[1 + i].value))
+        << vars[i]->name();
+    EXPECT_TRUE(bitwise_equal(opt.slot(*vars[i], "v")->tensor(), c.optimizer_weights[5 + i].value))
+        << vars[i]->name();
+  }
+  EXPECT_EQ(m.training_state()->metrics.at(0)->name(), "acc");
+}
+
+TEST(LoadModelOlderKeras, Tf21FileWithFixedLengthStringsAndOptimizerV2Names) {
+  TempDir dir;
+  const ck::KerasH5Contents c = tf21_style_contents("learning_rate", false);
+  ck::write_keras_h5(dir.file("tf21.h5"), c,
+                     {.fixed_length_strings = true, .top_level_group = false});
+  const auto objects = ck::list_h5_objects(dir.file("tf21.h5"));
+  ASSERT_EQ(objects[0].path, "/");
+  for (const auto& [name, type] : objects[0].attributes) {
+    EXPECT_EQ(type.rfind("fixed string(", 0), 0u) << name << ": " << type;
+  }
+  std::unique_ptr<nn::Model> m = load_model(dir.file("tf21.h5"));
+  expect_tf21_model_loaded(*m, c);
+  const Tensor x = Tensor::ones(Shape{2, 4});
+  const Tensor y = Tensor::from_vector<float>({0, 1}, Shape{2});
+  m->fit(x, y, {.epochs = 1, .batch_size = 2, .verbose = 0});
+  EXPECT_EQ(m->optimizer()->iterations(), 6);
+}
+
+TEST(LoadModelOlderKeras, Keras224StandaloneFileMatchesSlotsByPosition) {
+  TempDir dir;
+  const ck::KerasH5Contents c = tf21_style_contents("lr", true);
+  ck::write_keras_h5(dir.file("k224.h5"), c,
+                     {.fixed_length_strings = true, .top_level_group = false});
+  std::unique_ptr<nn::Model> m = load_model(dir.file("k224.h5"));
+  expect_tf21_model_loaded(*m, c);
+}
+
+// --- save_weights / load_weights --------------------------------------------------------------
+
+TEST(SaveWeights, RoundTripByPositionIntoAFreshlyNamedModel) {
+  TempDir dir;
+  auto a = make_model();
+  compile_adam(*a);
+  fit_epochs(*a, make_data(), 1, 0, std::make_shared<BatchLosses>());
+  a->save_weights(dir.file("w.h5"));
+  const ck::KerasH5Contents c = ck::read_keras_h5(dir.file("w.h5"));
+  EXPECT_TRUE(c.weights_only);
+  EXPECT_TRUE(c.model_config.empty());
+  EXPECT_TRUE(c.optimizer_weights.empty());
+
+  auto b = make_model();  // new default names (dense_4, ...): loading goes by position
+  EXPECT_NE(b->layers()[0]->name(), a->layers()[0]->name());
+  b->load_weights(dir.file("w.h5"));
+  const auto wa = a->weights(), wb = b->weights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(wa[i]->tensor(), wb[i]->tensor()));
+
+  // A model file's /model_weights loads too.
+  a->save(dir.file("m.h5"));
+  auto e = make_model();
+  e->load_weights(dir.file("m.h5"));
+  EXPECT_TRUE(bitwise_equal(e->weights()[0]->tensor(), wa[0]->tensor()));
+
+  // load_model refuses a weights file, saying what to do.
+  const std::string msg =
+      expect_throws<InvalidArgumentError>([&] { load_model(dir.file("w.h5")); });
+  EXPECT_NE(msg.find("load_weights"), std::string::npos) << msg;
+}
+
+class TwoDense : public nn::Model {
+ public:
+  TwoDense() : nn::Model("two_dense") {}
+  Tensor call(const Tensor& x, bool training) override { return d2_(d1_(x, training), training); }
+
+ private:
+  nn::Dense& d1_ = add("d1", nn::Dense(4, {.activation = "relu", .name = "sub_d1"}));
+  nn::Dense& d2_ = add("d2", nn::Dense(2, {.name = "sub_d2"}));
+};
+
+TEST(SaveWeights, SubclassedModelsSaveWeightsButNotArchitecture) {
+  TempDir dir;
+  TwoDense a;
+  a.build(Shape{3});
+  a.save_weights(dir.file("w.h5"));
+  TwoDense b;
+  b.build(Shape{3});
+  b.load_weights(dir.file("w.h5"));
+  for (size_t i = 0; i < a.weights().size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(a.weights()[i]->tensor(), b.weights()[i]->tensor()));
+  }
+  expect_throws<UnimplementedError>([&] { a.save(dir.file("m.h5")); });
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"w.h5"});
+}
+
+TEST(SaveWeights, ByNameWithSkipMismatch) {
+  TempDir dir;
+  nn::Sequential a(
+      {nn::Dense(5, {.input_shape = Shape{2}, .name = "first"}), nn::Dense(3, {.name = "second"})});
+  a.save_weights(dir.file("w.h5"));
+  nn::Sequential b(
+      {nn::Dense(5, {.input_shape = Shape{2}, .name = "first"}), nn::Dense(4, {.name = "second"})});
+  const Tensor second_before = b.weights()[2]->tensor().clone();
+  load_weights(b, dir.file("w.h5"), {.by_name = true, .skip_mismatch = true});
+  EXPECT_TRUE(bitwise_equal(b.weights()[0]->tensor(), a.weights()[0]->tensor()));
+  EXPECT_TRUE(bitwise_equal(b.weights()[2]->tensor(), second_before));
+  expect_throws<InvalidArgumentError>(
+      [&] { load_weights(b, dir.file("w.h5"), {.by_name = true}); });
+}
+
+// --- Errors
+// ---------------------------------------------------------------------------------------
+
+TEST(SavingErrors, MissingAndCorruptFiles) {
+  TempDir dir;
+  std::string msg = expect_throws<NotFoundError>([&] { load_model(dir.file("nope.h5")); });
+  EXPECT_NE(msg.find(dir.file("nope.h5")), std::string::npos) << msg;
+  auto m = make_model();
+  msg = expect_throws<NotFoundError>([&] { m->load_weights(dir.file("nope.h5")); });
+  EXPECT_NE(msg.find(dir.file("nope.h5")), std::string::npos) << msg;
+
+  const std::string bytes = read_bytes(kFixture);
+  std::ofstream(dir.file("cut.h5"), std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  msg = expect_throws<DataLossError>([&] { load_model(dir.file("cut.h5")); });
+  EXPECT_NE(msg.find(dir.file("cut.h5")), std::string::npos) << msg;
+}
+
+TEST(SavingErrors, LayerCountAndShapeMismatchNameTheLayerWeightAndShapes) {
+  TempDir dir;
+  nn::Sequential a(
+      {nn::Dense(16, {.input_shape = Shape{8}, .name = "h"}), nn::Dense(3, {.name = "out"})});
+  a.save_weights(dir.file("w.h5"));
+
+  nn::Sequential three({nn::Dense(16, {.input_shape = Shape{8}, .name = "h"}),
+                        nn::Dense(3, {.name = "mid"}), nn::Dense(3, {.name = "out"})});
+  std::string msg =
+      expect_throws<InvalidArgumentError>([&] { three.load_weights(dir.file("w.h5")); });
+  EXPECT_NE(msg.find("2 layers with weights [h, out]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3 [h, mid, out]"), std::string::npos) << msg;
+
+  nn::Sequential narrow(
+      {nn::Dense(12, {.input_shape = Shape{8}, .name = "h"}), nn::Dense(3, {.name = "out"})});
+  const Tensor kernel_before = narrow.weights()[0]->tensor().clone();
+  msg = expect_throws<InvalidArgumentError>([&] { narrow.load_weights(dir.file("w.h5")); });
+  EXPECT_NE(msg.find("layer 'h'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("h/kernel:0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[8, 16]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[8, 12]"), std::string::npos) << msg;
+  EXPECT_TRUE(bitwise_equal(narrow.weights()[0]->tensor(), kernel_before)) << "changed on failure";
+}
+
+TEST(SavingErrors, UnknownLayerClassInModelConfig) {
+  TempDir dir;
+  ck::KerasH5Contents c;
+  c.model_config = R"({"class_name": "Sequential", "config": {"name": "s", "layers": [
+      {"class_name": "Conv2D", "config": {"name": "conv2d", "filters": 8,
+       "batch_input_shape": [null, 28, 28, 1]}}]}})";
+  c.layers = {{"conv2d", {{"conv2d/kernel:0", Tensor::zeros({3, 3, 1, 8})}}}};
+  ck::write_keras_h5(dir.file("conv.h5"), c);
+  const std::string msg =
+      expect_throws<InvalidArgumentError>([&] { load_model(dir.file("conv.h5")); });
+  EXPECT_NE(msg.find("Conv2D"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(dir.file("conv.h5")), std::string::npos) << msg;
+}
+
+TEST(SavingErrors, UnsupportedTrainingConfigIsRefusedUnlessCompileIsFalse) {
+  TempDir dir;
+  ck::KerasH5Contents c = tf21_style_contents("learning_rate", false);
+  c.training_config = R"({"loss": "sparse_categorical_crossentropy", "metrics": [],
+      "optimizer_config": {"class_name": "Adam", "config": {"learning_rate": 0.001,
+      "clipnorm": 1.0}}})";
+  ck::write_keras_h5(dir.file("clip.h5"), c);
+  const std::string msg =
+      expect_throws<InvalidArgumentError>([&] { load_model(dir.file("clip.h5")); });
+  EXPECT_NE(msg.find("clipnorm"), std::string::npos) << msg;
+  std::unique_ptr<nn::Model> m = load_model(dir.file("clip.h5"), {.compile = false});
+  EXPECT_FALSE(m->compiled());
+}
+
+TEST(SavingErrors, OptimizerStateThatDoesNotFitStartsFreshWithAWarning) {
+  TempDir dir;
+  ck::KerasH5Contents c = tf21_style_contents("learning_rate", false);
+  c.optimizer_weights[1].value = Tensor::zeros({7});  // Adam/dense/kernel/m:0 of the wrong shape
+  ck::write_keras_h5(dir.file("bad_opt.h5"), c);
+  testing::internal::CaptureStderr();
+  std::unique_ptr<nn::Model> m = load_model(dir.file("bad_opt.h5"));
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("freshly initialized optimizer"), std::string::npos) << err;
+  EXPECT_NE(err.find("Adam/dense/kernel/m:0"), std::string::npos) << err;
+  ASSERT_TRUE(m->compiled());
+  EXPECT_EQ(m->optimizer()->iterations(), 0);
+  Variable* kernel = m->trainable_variables()[0];
+  const Tensor& slot = m->optimizer()->slot(*kernel, "m")->tensor();
+  for (int64_t i = 0; i < slot.num_elements(); ++i) ASSERT_EQ(slot.data<float>()[i], 0.0f);
+}
+
+TEST(SavingErrors, CheckpointPrefixesAreNotYetImplemented) {
+  TempDir dir;
+  auto m = make_model();
+  std::string msg = expect_throws<UnimplementedError>([&] { m->save_weights(dir.file("ckpt")); });
+  EXPECT_NE(msg.find("checkpoint"), std::string::npos) << msg;
+  msg = expect_throws<UnimplementedError>([&] { m->load_weights(dir.file("ckpt")); });
+  EXPECT_NE(msg.find("checkpoint"), std::string::npos) << msg;
+  expect_throws<UnimplementedError>([&] { m->save(dir.file("saved_model_dir")); });
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+TEST(SavingErrors, UnbuiltModelsCannotBeSaved) {
+  TempDir dir;
+  nn::Sequential m({nn::Dense(3)});
+  expect_throws<FailedPreconditionError>([&] { m.save(dir.file("m.h5")); });
+  expect_throws<FailedPreconditionError>([&] { m.save_weights(dir.file("w.h5")); });
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+// A layer whose weight has a dtype HDF5 files do not carry here (bfloat16).
+class BFloat16Layer : public nn::Layer {
+ public:
+  BFloat16Layer() : nn::Layer("bf16") {}
+  std::string class_name() const override { return "BFloat16Layer"; }
+  Tensor call(const Tensor& x, bool) override { return x; }
+
+ protected:
+  void build_impl(const Shape&) override {
+    auto init = nn::initializer_from_name("zeros");
+    Variable& w = add_weight("w", Shape{2}, *init);
+    w.tensor() = Tensor(DType::kBFloat16, Shape{2});
+  }
+};
+
+TEST(SavingCrashSafety, AnUnsaveableModelLeavesTheOldFileIntact) {
+  TempDir dir;
+  auto good = make_model();
+  compile_adam(*good);
+  good->save(dir.file("m.h5"));
+  const std::string before = read_bytes(dir.file("m.h5"));
+  nn::Sequential bad({nn::Dense(4, {.input_shape = Shape{8}}), BFloat16Layer()});
+  const std::string msg = expect_throws<UnimplementedError>([&] { bad.save(dir.file("m.h5")); });
+  EXPECT_NE(msg.find("bfloat16"), std::string::npos) << msg;
+  EXPECT_EQ(read_bytes(dir.file("m.h5")), before);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.h5"});
+}
+
+TEST(SavingCrashSafety, AWriteThatFailsMidwayLeavesTheOldFileIntact) {
+  TempDir dir;
+  const std::string path = dir.file("big.h5");
+  auto small = make_model();
+  compile_adam(*small);
+  small->save(path);
+  const std::string before = read_bytes(path);
+  nn::Sequential big({nn::Dense(512, {.input_shape = Shape{512}}), nn::Dense(10)});
+  big.compile({.optimizer = "adam", .loss = "mse"});
+
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);  // write() then fails with EFBIG instead of killing the child
+    struct rlimit limit {
+      256 * 1024, 256 * 1024
+    };
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    int code = 3;
+    try {
+      big.save(path);  // ~1 MiB of weights
+      code = 1;
+    } catch (const ResourceExhaustedError&) {
+      code = 0;
+    } catch (...) {
+      code = 2;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the save succeeded; 2: wrong error type";
+  EXPECT_EQ(read_bytes(path), before);
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"big.h5"});
+  std::unique_ptr<nn::Model> m = load_model(path);
+  expect_same_weights(*small, *m);
+}
+
+}  // namespace
+}  // namespace dtrain::train

@@ -15,6 +15,7 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/gemm.h"
 #include "dtrain/ops/tensor_ops.h"
+#include "dtrain/train/backup_and_restore.h"
 #include "dtrain/train/training.h"
 
 namespace dtrain::cli {
@@ -42,6 +43,9 @@ struct TrainFlags {
   int verbose = -1;
   bool validate = false;
   int64_t steps_per_epoch = 0;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  bool resume = false;
 };
 
 struct Split {
@@ -234,6 +238,13 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   "Batches per epoch (default: one pass)");
   fit->add_flag("--validate", train_flags.validate,
                 "Evaluate on the test split after every epoch (val_loss, val_accuracy)");
+  fit->add_option("--checkpoint-dir", train_flags.checkpoint_dir,
+                  "Save TensorFlow-format checkpoints of the whole training state here "
+                  "(weights, optimizer, epoch, step, data position)");
+  fit->add_option("--checkpoint-every", train_flags.checkpoint_every,
+                  "Checkpoint every N steps (default: at the end of each epoch)");
+  fit->add_flag("--resume", train_flags.resume,
+                "Resume exactly from the newest valid checkpoint in --checkpoint-dir");
   fit->callback([&run] {
     run = [] {
       apply_runtime(train_flags);
@@ -246,6 +257,16 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                              .seed = train_flags.seed,
                              .verbose = train_flags.verbose};
       if (train_flags.steps_per_epoch > 0) opts.steps_per_epoch = train_flags.steps_per_epoch;
+      DTRAIN_CHECK(!train_flags.resume || !train_flags.checkpoint_dir.empty(),
+                   "--resume needs --checkpoint-dir");
+      if (!train_flags.checkpoint_dir.empty()) {
+        opts.callbacks.push_back(std::make_shared<train::BackupAndRestore>(
+            train_flags.checkpoint_dir,
+            train::BackupAndRestoreOptions{.save_freq = train_flags.checkpoint_every,
+                                           .delete_checkpoint = false,
+                                           .max_to_keep = 3,
+                                           .restore = train_flags.resume}));
+      }
       if (train_flags.validate && d.test.x.defined()) {
         opts.validation_data = train::ValidationData(std::make_pair(d.test.x, d.test.y));
       }

@@ -1,6 +1,7 @@
 // Model::compile / fit / evaluate / predict: the Keras training loop.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <iostream>
 
 #include "dtrain/autograd/functions.h"
@@ -255,8 +256,15 @@ bool Model::compiled() const { return training_ != nullptr; }
 
 optim::Optimizer* Model::optimizer() { return training_ ? training_->optimizer.get() : nullptr; }
 
-train::History Model::fit(const data::Dataset& dataset, const train::FitOptions& options) {
-  train::TrainingState& s = state_of(*this, "fit");
+namespace {
+
+// The training loop shared by fit(dataset) and fit(x, y). `make_dataset(seed)` returns the
+// training data; fit(x, y) builds it from the shuffle seed, so a resumed run can rebuild the
+// exact order it had.
+train::History run_fit(Model& model,
+                       const std::function<data::Dataset(std::optional<uint64_t>)>& make_dataset,
+                       std::optional<uint64_t> data_seed, const train::FitOptions& options) {
+  train::TrainingState& s = state_of(model, "fit");
   DTRAIN_CHECK(options.epochs >= 0 && options.initial_epoch >= 0, "fit: epochs (", options.epochs,
                ") and initial_epoch (", options.initial_epoch, ") must be non-negative");
   DTRAIN_CHECK(!options.steps_per_epoch || *options.steps_per_epoch > 0,
@@ -265,13 +273,37 @@ train::History Model::fit(const data::Dataset& dataset, const train::FitOptions&
   auto history = std::make_shared<train::History>();
   std::vector<std::shared_ptr<train::Callback>> callbacks = options.callbacks;
   callbacks.push_back(history);
-  for (const auto& cb : callbacks) cb->set_model(this);
+  for (const auto& cb : callbacks) cb->set_model(&model);
   std::optional<data::Dataset> validation;
   if (options.validation_data) validation = options.validation_data->dataset(options.batch_size);
 
+  data::Dataset dataset = make_dataset(data_seed);
+  s.data_seed = data_seed;
+  data::Element e;
+  if (!model.built()) {
+    // Build from the first batch now, so that callbacks can restore weights into the model.
+    data::Iterator peek = dataset.iterator(options.initial_epoch);
+    if (peek.next(e)) {
+      check_element(e, "fit");
+      model.build(e[0].shape().without_first());
+    }
+  }
   s.stop_training = false;
+  s.resume = {};
   Logs logs;
   for (const auto& cb : callbacks) cb->on_train_begin(logs);
+
+  int64_t first_epoch = options.initial_epoch;
+  int64_t first_step = 0;
+  const bool resuming = s.resume.epoch >= 0;
+  if (resuming) {
+    first_epoch = s.resume.epoch;
+    first_step = s.resume.step;
+    if (s.resume.data_seed && s.resume.data_seed != s.data_seed) {
+      dataset = make_dataset(s.resume.data_seed);
+      s.data_seed = s.resume.data_seed;
+    }
+  }
 
   const int64_t card = dataset.cardinality();
   const int64_t steps_known = options.steps_per_epoch ? *options.steps_per_epoch
@@ -280,21 +312,28 @@ train::History Model::fit(const data::Dataset& dataset, const train::FitOptions&
   // With steps_per_epoch the data stream continues across epochs (Keras semantics for
   // repeated datasets); otherwise each epoch is one pass, reshuffled by its epoch number.
   std::optional<data::Iterator> stream;
-  if (options.steps_per_epoch) stream.emplace(dataset.iterator(options.initial_epoch));
-  data::Element e;
+  if (options.steps_per_epoch) {
+    stream.emplace(resuming ? dataset.iterator_from(s.resume.data_position)
+                            : dataset.iterator(options.initial_epoch));
+  }
   bool out_of_data = false;
-  for (int64_t epoch = options.initial_epoch; epoch < options.epochs && !s.stop_training; ++epoch) {
-    reset_metrics(s);
+  for (int64_t epoch = first_epoch; epoch < options.epochs && !s.stop_training; ++epoch) {
+    const bool resumed_epoch = resuming && epoch == first_epoch && first_step > 0;
+    if (!resumed_epoch) reset_metrics(s);  // a resumed epoch keeps its restored metric states
     logs.clear();
+    s.epoch = epoch;
     for (const auto& cb : callbacks) cb->on_epoch_begin(epoch, logs);
     if (verbose > 0)
       std::printf("Epoch %lld/%lld\n", static_cast<long long>(epoch + 1),
                   static_cast<long long>(options.epochs));
     ProgressBar bar(verbose, steps_known);
     std::optional<data::Iterator> pass;
-    if (!stream) pass.emplace(dataset.iterator(epoch));
+    int64_t step = resumed_epoch ? first_step : 0;
+    if (!stream) {
+      pass.emplace(resumed_epoch ? dataset.iterator_from(data::IteratorState{epoch, step})
+                                 : dataset.iterator(epoch));
+    }
     data::Iterator& it = stream ? *stream : *pass;
-    int64_t step = 0;
     while (!options.steps_per_epoch || step < *options.steps_per_epoch) {
       if (!it.next(e)) {
         if (options.steps_per_epoch) out_of_data = true;
@@ -302,18 +341,20 @@ train::History Model::fit(const data::Dataset& dataset, const train::FitOptions&
       }
       check_element(e, "fit");
       for (const auto& cb : callbacks) cb->on_train_batch_begin(step, logs);
-      if (step == 0 && s.trainable.empty()) {
-        // Build on the first batch, then fix the variable list for the whole run.
-        if (!built()) build(e[0].shape().without_first());
-        s.trainable = trainable_variables();
-        sync_initial_variables(*this, s);
+      if (s.trainable.empty()) {
+        // Fix the variable list for the whole run.
+        if (!model.built()) model.build(e[0].shape().without_first());
+        s.trainable = model.trainable_variables();
+        sync_initial_variables(model, s);
       }
       if (s.strategy != nullptr) {
-        distributed_train_step(*this, s, e[0], e[1]);
+        distributed_train_step(model, s, e[0], e[1]);
       } else {
-        train_step(*this, s, e[0], e[1]);
+        train_step(model, s, e[0], e[1]);
       }
       ++step;
+      s.step_in_epoch = step;
+      s.data_position = it.state();
       fill_logs(s, logs);
       for (const auto& cb : callbacks) cb->on_train_batch_end(step - 1, logs);
       bar.update(step, logs);
@@ -323,11 +364,15 @@ train::History Model::fit(const data::Dataset& dataset, const train::FitOptions&
     all_reduce_metrics(s);
     fill_logs(s, logs);
     if (validation && step > 0) {
-      const Logs val = run_evaluation(*this, *validation, std::nullopt, 0, {}, "val_");
-      reset_metrics(s);  // evaluation reused the trackers; restore the epoch's training values
+      const Logs val = run_evaluation(model, *validation, std::nullopt, 0, {}, "val_");
+      reset_metrics(s);  // evaluation reused the trackers; the training values are in logs
       logs.insert(val.begin(), val.end());
     }
     bar.update(step, logs, true);
+    // The epoch is complete: callbacks that checkpoint here record "epoch + 1, step 0".
+    s.step_in_epoch = 0;
+    s.epoch = epoch + 1;
+    s.data_position = stream ? stream->state() : data::IteratorState{epoch + 1, 0};
     for (const auto& cb : callbacks) cb->on_epoch_end(epoch, logs);
     if (out_of_data) {
       std::cerr << "fit: the input ran out of data after epoch " << epoch + 1
@@ -340,12 +385,22 @@ train::History Model::fit(const data::Dataset& dataset, const train::FitOptions&
   return *history;
 }
 
+}  // namespace
+
+train::History Model::fit(const data::Dataset& dataset, const train::FitOptions& options) {
+  return run_fit(
+      *this, [&dataset](std::optional<uint64_t>) { return dataset; }, std::nullopt, options);
+}
+
 train::History Model::fit(const Tensor& x, const Tensor& y, const train::FitOptions& options) {
   DTRAIN_CHECK(options.batch_size > 0, "fit: batch_size must be positive, got ",
                options.batch_size);
-  data::Dataset ds = data::Dataset::from_tensor_slices({x, y});
+  DTRAIN_CHECK(x.defined() && y.defined() && x.rank() >= 1 && y.rank() >= 1 && x.dim(0) == y.dim(0),
+               "fit: x and y must have the same number of examples, got ", x.shape().to_string(),
+               " and ", y.shape().to_string());
+  std::optional<uint64_t> seed;
   if (options.shuffle) {
-    std::optional<uint64_t> seed = options.seed;
+    seed = options.seed;
     if (training_ && training_->strategy != nullptr && training_->strategy->num_workers() > 1) {
       // Every worker must walk the same permutation and take its part of each global batch:
       // agree on the chief's seed (52 bits travel exactly in a double).
@@ -353,10 +408,20 @@ train::History Model::fit(const Tensor& x, const Tensor& y, const train::FitOpti
       seed = static_cast<uint64_t>(training_->strategy->all_reduce_scalar(
           training_->strategy->is_chief() ? static_cast<double>(mine) : 0.0,
           distribute::ReduceOp::kSum));
+    } else if (!seed) {
+      seed = next_seed();
     }
-    ds = ds.shuffle(x.dim(0), seed, /*reshuffle_each_iteration=*/true);
   }
-  return fit(ds.batch(options.batch_size), options);
+  const int64_t n = x.dim(0), batch = options.batch_size;
+  const bool shuffle = options.shuffle;
+  return run_fit(
+      *this,
+      [&x, &y, n, batch, shuffle](std::optional<uint64_t> s) {
+        data::Dataset ds = data::Dataset::from_tensor_slices({x, y});
+        if (shuffle) ds = ds.shuffle(n, s, /*reshuffle_each_iteration=*/true);
+        return ds.batch(batch);
+      },
+      seed, options);
 }
 
 Logs Model::evaluate(const data::Dataset& dataset, const train::EvaluateOptions& options) {

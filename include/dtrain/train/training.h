@@ -121,6 +121,23 @@ class TrainingState {
   distribute::Strategy* strategy = nullptr;
   // Whether the chief's initial variables have been broadcast to the other workers.
   bool variables_synced = false;
+
+  // Where fit() is, for callbacks that checkpoint it (BackupAndRestore): the epoch, the steps
+  // done in it, the position of the data iterator after them, and the shuffle seed fit(x, y)
+  // uses (unset for fit(dataset)).
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+  data::IteratorState data_position;
+  std::optional<uint64_t> data_seed;
+  // Set by a callback's on_train_begin to resume mid-run: fit() starts at `epoch`, skips
+  // `step` batches of it (the restored metric states are kept), and rebuilds fit(x, y)'s
+  // dataset with `data_seed`.
+  struct Resume {
+    int64_t epoch = -1;  // -1: no resume
+    int64_t step = 0;
+    data::IteratorState data_position;
+    std::optional<uint64_t> data_seed;
+  } resume;
   // Reused every step so that the hot loop does not allocate.
   std::vector<Variable*> trainable;
   std::vector<Tensor> grads;

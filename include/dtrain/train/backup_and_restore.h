@@ -1,0 +1,61 @@
+// BackupAndRestore (keras.callbacks.BackupAndRestore), exact: fit() backs up its whole state to
+// a checkpoint directory — weights, optimizer slots and iteration count, epoch, step within the
+// epoch, data-iterator position and shuffle seed, Dropout RNG states, and the epoch's partial
+// metric sums — and a fit() that starts with a backup present resumes exactly where the backup
+// was taken, mid-epoch included. In deterministic mode a run interrupted at any point and
+// resumed ends with the same weights, bit for bit, as an uninterrupted run (Keras restarts the
+// epoch's data instead). Backups are TensorFlow-format checkpoints written through a
+// CheckpointManager: crash-safe, CRC-checked, and a corrupt newest backup falls back to the one
+// before. Used from the thread that calls fit().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dtrain/train/callbacks.h"
+
+namespace dtrain::checkpoint {
+class Checkpoint;
+class CheckpointManager;
+}  // namespace dtrain::checkpoint
+
+namespace dtrain::train {
+
+struct BackupAndRestoreOptions {
+  int64_t save_freq = 0;          // back up every this many steps; 0: at the end of each epoch
+  bool delete_checkpoint = true;  // remove the backups when training finishes
+  int max_to_keep = 2;            // backups kept (older ones are deleted after a newer commits)
+  bool enable_async = false;      // write backups on a background thread (snapshot first)
+  bool restore = true;            // resume from the newest backup when fit() starts
+};
+
+class BackupAndRestore : public Callback {
+ public:
+  // `backup_dir` is created if needed. Nothing is read or written until fit() starts.
+  explicit BackupAndRestore(std::string backup_dir, BackupAndRestoreOptions options = {});
+  ~BackupAndRestore() override;
+
+  void on_train_begin(const Logs& logs) override;
+  void on_train_batch_end(int64_t batch, const Logs& logs) override;
+  void on_epoch_end(int64_t epoch, const Logs& logs) override;
+  void on_train_end(const Logs& logs) override;
+
+  // The checkpoint restored at the start of the last fit(), if any.
+  const std::optional<std::string>& restored_from() const { return restored_from_; }
+  // Backs up now (also used on preemption). Blocks until committed unless enable_async.
+  void backup();
+
+ private:
+  struct State;
+  void attach();
+
+  std::string dir_;
+  BackupAndRestoreOptions options_;
+  std::unique_ptr<State> state_;
+  std::optional<std::string> restored_from_;
+  int64_t steps_since_backup_ = 0;
+};
+
+}  // namespace dtrain::train

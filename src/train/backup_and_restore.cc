@@ -1,0 +1,145 @@
+// BackupAndRestore: the state fit() needs to resume exactly, tracked by one Checkpoint.
+#include "dtrain/train/backup_and_restore.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include "dtrain/checkpoint/checkpoint.h"
+#include "dtrain/checkpoint/checkpoint_manager.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/train/training.h"
+
+namespace dtrain::train {
+
+namespace fs = std::filesystem;
+
+// Plain values mirrored into and out of the checkpoint around each save and restore.
+struct BackupAndRestore::State {
+  int64_t epoch = 0;
+  int64_t step = 0;
+  data::IteratorState position;
+  int64_t data_seed = -1;  // bit pattern of the seed; -1 with has_seed = 0: none
+  int64_t has_seed = 0;
+  std::vector<nn::Dropout*> dropouts;
+  std::vector<RngState> dropout_rngs;
+  std::vector<nn::Metric*> metrics;  // the loss tracker first
+  Tensor metric_state;               // float64 [metrics, 2]: (total, count) per metric
+  std::unique_ptr<checkpoint::Checkpoint> ckpt;
+  std::unique_ptr<checkpoint::CheckpointManager> manager;
+};
+
+BackupAndRestore::BackupAndRestore(std::string backup_dir, BackupAndRestoreOptions options)
+    : dir_(std::move(backup_dir)), options_(options) {
+  DTRAIN_CHECK(!dir_.empty(), "BackupAndRestore: backup_dir is empty");
+  DTRAIN_CHECK(options_.save_freq >= 0, "BackupAndRestore: save_freq must be >= 0, got ",
+               options_.save_freq);
+  DTRAIN_CHECK(options_.max_to_keep >= 1, "BackupAndRestore: max_to_keep must be >= 1");
+}
+
+BackupAndRestore::~BackupAndRestore() = default;
+
+void BackupAndRestore::attach() {
+  nn::Model& m = *model();
+  TrainingState* ts = m.training_state();
+  DTRAIN_CHECK(ts != nullptr && ts->optimizer != nullptr, "BackupAndRestore: model '", m.name(),
+               "' must be compiled before fit()");
+  state_ = std::make_unique<State>();
+  State& st = *state_;
+  for (const auto& layer : m.layers()) {
+    if (auto* d = dynamic_cast<nn::Dropout*>(layer.get())) st.dropouts.push_back(d);
+  }
+  st.dropout_rngs.resize(st.dropouts.size());
+  st.metrics.push_back(&ts->loss_tracker);
+  for (const auto& metric : ts->metrics) st.metrics.push_back(metric.get());
+  st.metric_state =
+      Tensor::zeros(Shape{static_cast<int64_t>(st.metrics.size()), 2}, DType::kFloat64);
+
+  std::vector<std::pair<std::string, checkpoint::Trackable>> rngs;
+  for (size_t i = 0; i < st.dropout_rngs.size(); ++i) {
+    rngs.emplace_back(st.dropouts[i]->name(), checkpoint::Trackable(st.dropout_rngs[i]));
+  }
+  // The optimizer's position in the object graph is "optimizer", as in Keras's training
+  // checkpoints; the rest are dtrain's own keys (docs/fault-tolerance.md).
+  std::vector<std::pair<std::string, checkpoint::Trackable>> children = {
+      {"model", checkpoint::Trackable(m)},
+      {"optimizer", checkpoint::Trackable(*ts->optimizer)},
+      {"epoch", checkpoint::Trackable(st.epoch)},
+      {"step_in_epoch", checkpoint::Trackable(st.step)},
+      {"data_iterator", checkpoint::Trackable(st.position)},
+      {"data_seed", checkpoint::Trackable(st.data_seed)},
+      {"has_data_seed", checkpoint::Trackable(st.has_seed)},
+      {"metric_states",
+       checkpoint::Trackable::value([&st] { return st.metric_state; },
+                                    [&st](const Tensor& t) { st.metric_state.copy_from(t); })},
+  };
+  if (!rngs.empty()) children.emplace_back("dropout_rngs", checkpoint::Trackable::object(rngs));
+  st.ckpt = std::make_unique<checkpoint::Checkpoint>(
+      std::move(children), checkpoint::CheckpointOptions{.enable_async = options_.enable_async});
+  st.manager = std::make_unique<checkpoint::CheckpointManager>(
+      *st.ckpt, dir_,
+      checkpoint::CheckpointManagerOptions{.max_to_keep = options_.max_to_keep,
+                                           .checkpoint_name = "backup"});
+}
+
+void BackupAndRestore::on_train_begin(const Logs&) {
+  attach();
+  steps_since_backup_ = 0;
+  restored_from_.reset();
+  if (options_.restore) restored_from_ = state_->manager->restore_or_initialize();
+  if (!restored_from_) return;
+  State& st = *state_;
+  TrainingState& ts = *model()->training_state();
+  for (size_t i = 0; i < st.dropouts.size(); ++i) st.dropouts[i]->set_rng_state(st.dropout_rngs[i]);
+  const double* ms = st.metric_state.data<double>();
+  for (size_t i = 0; i < st.metrics.size(); ++i) st.metrics[i]->set_state(ms[2 * i], ms[2 * i + 1]);
+  ts.resume.epoch = st.epoch;
+  ts.resume.step = st.step;
+  ts.resume.data_position = st.position;
+  if (st.has_seed) ts.resume.data_seed = static_cast<uint64_t>(st.data_seed);
+  std::cerr << "BackupAndRestore: resumed from " << *restored_from_ << " at epoch " << st.epoch + 1
+            << ", step " << st.step << "\n";
+}
+
+void BackupAndRestore::backup() {
+  DTRAIN_CHECK(state_ != nullptr, "BackupAndRestore::backup: fit() has not started");
+  State& st = *state_;
+  const TrainingState& ts = *model()->training_state();
+  st.epoch = ts.epoch;
+  st.step = ts.step_in_epoch;
+  st.position = ts.data_position;
+  st.has_seed = ts.data_seed.has_value();
+  st.data_seed = ts.data_seed ? static_cast<int64_t>(*ts.data_seed) : -1;
+  for (size_t i = 0; i < st.dropouts.size(); ++i) st.dropout_rngs[i] = st.dropouts[i]->rng_state();
+  double* ms = st.metric_state.data<double>();
+  for (size_t i = 0; i < st.metrics.size(); ++i) {
+    const auto [total, count] = st.metrics[i]->state();
+    ms[2 * i] = total;
+    ms[2 * i + 1] = count;
+  }
+  st.manager->save();
+  steps_since_backup_ = 0;
+}
+
+void BackupAndRestore::on_train_batch_end(int64_t, const Logs&) {
+  if (options_.save_freq > 0 && ++steps_since_backup_ >= options_.save_freq) backup();
+}
+
+void BackupAndRestore::on_epoch_end(int64_t, const Logs&) {
+  if (options_.save_freq == 0) backup();
+}
+
+void BackupAndRestore::on_train_end(const Logs&) {
+  if (!state_) return;
+  state_->manager->sync();
+  // A run that ends (all epochs, or stopped by a callback such as EarlyStopping) deletes its
+  // backups, as Keras does; a crashed run never gets here.
+  if (options_.delete_checkpoint) {
+    state_->manager.reset();
+    state_->ckpt.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  state_.reset();
+}
+
+}  // namespace dtrain::train

@@ -92,6 +92,18 @@ uint64_t RecordReader::valid_record_at(uint64_t offset) {
   return kRecordHeaderSize + n + kRecordFooterSize;
 }
 
+bool RecordReader::zero_tail() {
+  char buf[4096];
+  for (uint64_t off = offset_;;) {
+    const size_t got = pread_at(off, buf, sizeof buf);
+    for (size_t i = 0; i < got; ++i) {
+      if (buf[i] != 0) return false;
+    }
+    if (got < sizeof buf) return true;
+    off += got;
+  }
+}
+
 void RecordReader::skip_corrupt(const std::string& reason) {
   const std::string where = str_cat(path_, ": record at offset ", offset_, ": ", reason);
   if (!options_.skip_corrupt) throw DataLossError(where);
@@ -120,6 +132,11 @@ bool RecordReader::read(std::string* data) {
     const uint32_t stored_len_crc = crc32c::unmask(load32(h + 8));
     const uint32_t len_crc = crc32c::value(h, 8);
     if (stored_len_crc != len_crc) {
+      if (zero_tail()) {
+        truncation_ = str_cat("truncated record at offset ", offset_,
+                              ": the rest of the file is zero bytes (a write lost in a crash)");
+        return false;
+      }
       skip_corrupt(str_cat("length CRC mismatch (stored ", hex(stored_len_crc), ", computed ",
                            hex(len_crc), ")"));
       continue;

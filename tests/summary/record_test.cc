@@ -90,6 +90,19 @@ TEST_F(RecordTest, TruncatedTailReadsCompleteRecordsThenStops) {
   }
 }
 
+TEST_F(RecordTest, ZeroFilledTailIsTruncationNotCorruption) {
+  const auto offsets = write_records(3);
+  fs::resize_file(path_, offsets[2]);
+  fs::resize_file(path_, offsets[2] + 40);  // size made it to disk, the data did not
+  RecordReader r(path_);
+  std::string data;
+  ASSERT_TRUE(r.read(&data));
+  ASSERT_TRUE(r.read(&data));
+  EXPECT_FALSE(r.read(&data));
+  EXPECT_TRUE(r.truncated());
+  EXPECT_NE(r.truncation().find("zero bytes"), std::string::npos) << r.truncation();
+}
+
 TEST_F(RecordTest, ResumesWhenTheTornTailIsCompleted) {
   const std::string rec = encode_record("appended later");
   { std::ofstream(path_, std::ios::binary) << encode_record("first") << rec.substr(0, 7); }

@@ -41,10 +41,10 @@ class RecordReader {
   ~RecordReader();
 
   // Reads the next record's data into `*data` and returns true. Returns false at the end of the
-  // file, and also at a truncated last record (then truncated() is true and truncation() says
-  // where and how much is missing); reading again after more bytes were appended resumes there.
-  // Throws DataLossError "<path>: record at offset N: data CRC mismatch (stored 0x..,
-  // computed 0x..)" on corruption unless options.skip_corrupt. Blocks on file reads.
+  // file, and also at a truncated last record or a zero-filled tail (then truncated() is true and
+  // truncation() says where and how much is missing); reading again after more bytes were appended
+  // resumes there. Throws DataLossError "<path>: record at offset N: data CRC mismatch (stored
+  // 0x.., computed 0x..)" on corruption unless options.skip_corrupt. Blocks on file reads.
   bool read(std::string* data);
 
   // Offset of the record read() returned last.
@@ -63,6 +63,9 @@ class RecordReader {
   // Checks the record at `offset` without throwing; returns its total size or 0.
   uint64_t valid_record_at(uint64_t offset);
   void skip_corrupt(const std::string& reason);
+  // True when every byte from offset_ to the end of the file is zero: what a crash leaves when
+  // the file's size reached the disk but its last data did not.
+  bool zero_tail();
 
   std::string path_;
   RecordReaderOptions options_;

@@ -7,6 +7,8 @@
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/core/random.h"
+#include "dtrain/distribute/input.h"
+#include "dtrain/distribute/sync_check.h"
 #include "dtrain/train/training.h"
 #include "progress_bar.h"
 
@@ -83,12 +85,6 @@ void train_step(Model& model, train::TrainingState& s, const Tensor& x, const Te
   for (const auto& m : s.metrics) m->update_state(y, pred);
 }
 
-// Rows [begin, end) of part `i` of `n` rows split into `parts` nearly equal parts (the first
-// n % parts parts get one row more), as TF splits a global batch across replicas.
-std::pair<int64_t, int64_t> part_bounds(int64_t n, int64_t parts, int64_t i) {
-  return {i * n / parts, (i + 1) * n / parts};
-}
-
 // One synchronous data-parallel step (TF's MirroredStrategy / MultiWorkerMirroredStrategy
 // semantics): this worker takes its part of the global batch, each local replica computes the
 // gradient of its loss scaled by (replica rows / global rows) on its own tape and thread, the
@@ -103,7 +99,7 @@ void distributed_train_step(Model& model, train::TrainingState& s, const Tensor&
   if (static_cast<int64_t>(s.replicas.size()) != local)
     s.replicas.resize(static_cast<size_t>(local));
   for (int64_t r = 0; r < local; ++r) {
-    const auto [b, e] = part_bounds(global, parts, st.worker_rank() * local + r);
+    const auto [b, e] = distribute::replica_rows(global, static_cast<int>(parts), st.replica_id(r));
     s.replicas[r].x = x.slice(b, e);
     s.replicas[r].y = y.slice(b, e);
   }
@@ -218,7 +214,7 @@ Logs run_evaluation(Model& model, const data::Dataset& dataset, std::optional<in
     check_element(e, "evaluate");
     if (split) {
       // Each worker evaluates its part of every batch; the totals are summed below.
-      const auto [b, end] = part_bounds(e[0].dim(0), st->num_workers(), st->worker_rank());
+      const auto [b, end] = distribute::worker_rows(e[0].dim(0), *st);
       if (end > b) test_step(model, s, e[0].slice(b, end), e[1].slice(b, end));
     } else {
       test_step(model, s, e[0], e[1]);
@@ -317,6 +313,13 @@ train::History run_fit(Model& model,
                             : dataset.iterator(options.initial_epoch));
   }
   bool out_of_data = false;
+  int64_t global_step = 0;
+  std::vector<Variable*> sync_vars;
+  if (options.verify_sync_every > 0) {
+    sync_vars = model.weights();
+    s.optimizer->build(model.trainable_variables());  // slots exist before the first check
+    for (Variable* v : s.optimizer->variables()) sync_vars.push_back(v);
+  }
   for (int64_t epoch = first_epoch; epoch < options.epochs && !s.stop_training; ++epoch) {
     const bool resumed_epoch = resuming && epoch == first_epoch && first_step > 0;
     if (!resumed_epoch) reset_metrics(s);  // a resumed epoch keeps its restored metric states
@@ -353,6 +356,11 @@ train::History run_fit(Model& model,
         train_step(model, s, e[0], e[1]);
       }
       ++step;
+      ++global_step;
+      if (options.verify_sync_every > 0 && s.strategy != nullptr &&
+          global_step % options.verify_sync_every == 0) {
+        distribute::verify_sync(*s.strategy, sync_vars, global_step);
+      }
       s.step_in_epoch = step;
       s.data_position = it.state();
       fill_logs(s, logs);

@@ -81,6 +81,10 @@ struct FitOptions {
   // 0 silent, 1 progress bar, 2 one line per epoch; -1 (auto): 1 on a terminal, else 2.
   int verbose = -1;
   std::vector<std::shared_ptr<Callback>> callbacks = {};
+  // Under a multi-worker strategy: every this many steps, compare a checksum of every model and
+  // optimizer variable across workers and fail (InternalError naming the first diverging
+  // variable) if any differs. 0: never.
+  int64_t verify_sync_every = 0;
 };
 
 struct EvaluateOptions {

@@ -1,0 +1,117 @@
+// A training process for the distributed fit() tests: trains a small classifier with
+// Model::fit under no strategy, MirroredStrategy or MultiWorkerMirroredStrategy (cluster from
+// TF_CONFIG) and writes every model and optimizer variable, raw, to --out.
+//   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
+//              [--verify-sync N]
+// Exit status 0, or 1 with "error: CODE: message" on stderr.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "dtrain/core/random.h"
+#include "dtrain/distribute/mirrored_strategy.h"
+#include "dtrain/distribute/multi_worker_mirrored_strategy.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/optim/adam.h"
+#include "dtrain/train/training.h"
+
+using namespace dtrain;
+
+namespace {
+
+constexpr int64_t kExamples = 384, kFeatures = 8;
+
+void make_data(Tensor& x, Tensor& y) {
+  Philox rng(7);
+  x = Tensor(Shape{kExamples, kFeatures});
+  y = Tensor(DType::kInt64, Shape{kExamples});
+  for (int64_t i = 0; i < kExamples; ++i) {
+    const int64_t c = static_cast<int64_t>(rng.uniform_int(3));
+    y.data<int64_t>()[i] = c;
+    for (int64_t d = 0; d < kFeatures; ++d) {
+      x.data<float>()[i * kFeatures + d] = (d % 3 == c ? 1.0f : 0.0f) + 0.7f * rng.normal();
+    }
+  }
+}
+
+int run(const std::string& mode, const std::string& out, int replicas, int epochs,
+        int64_t verify_every) {
+  std::unique_ptr<distribute::Strategy> strategy;
+  if (mode == "mirrored") {
+    strategy = std::make_unique<distribute::MirroredStrategy>(replicas);
+  } else if (mode == "multi-worker") {
+    strategy = std::make_unique<distribute::MultiWorkerMirroredStrategy>(
+        distribute::MultiWorkerOptions{.local_replicas = replicas});
+  } else if (mode != "single") {
+    throw InvalidArgumentError("unknown --mode " + mode);
+  }
+  std::optional<distribute::Strategy::ScopeGuard> scope;
+  if (strategy) scope.emplace(strategy.get());
+  // Workers other than the chief start from different weights: the chief's broadcast must
+  // make them equal.
+  set_random_seed(strategy ? 11 + strategy->worker_rank() : 11);
+  Tensor x, y;
+  make_data(x, y);
+  nn::Sequential model(
+      {nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}), nn::Dense(3)});
+  model.compile(
+      {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
+       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
+       .metrics = {"accuracy"}});
+  // Rows this process's replicas computed on: proves the global batches are split.
+  int64_t rows = 0;
+  auto count_rows = std::make_shared<train::LambdaCallback>(
+      train::LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
+        const auto& replicas = model.training_state()->replicas;
+        if (replicas.empty()) rows += 32;  // no strategy: the whole batch
+        for (const auto& r : replicas) rows += r.x.dim(0);
+      }});
+  const auto h = model.fit(x, y,
+                           {.epochs = epochs,
+                            .batch_size = 32,
+                            .seed = 5,
+                            .verbose = 0,
+                            .callbacks = {count_rows},
+                            .verify_sync_every = verify_every});
+  std::printf("rows %lld of %lld, replicas in sync %d\n", static_cast<long long>(rows),
+              static_cast<long long>(kExamples * epochs),
+              strategy ? strategy->num_replicas_in_sync() : 1);
+  std::ofstream f(out, std::ios::binary);
+  for (Variable* v : model.weights())
+    f.write(static_cast<const char*>(v->tensor().raw_data()), v->tensor().nbytes());
+  for (Variable* v : model.optimizer()->variables()) {
+    f.write(static_cast<const char*>(v->tensor().raw_data()), v->tensor().nbytes());
+  }
+  std::printf("%s done: loss %.6f accuracy %.6f\n", mode.c_str(), h.last("loss"),
+              h.last("accuracy"));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = "single", out;
+  int replicas = 1, epochs = 2;
+  int64_t verify_every = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--mode")
+      mode = v;
+    else if (k == "--out")
+      out = v;
+    else if (k == "--replicas")
+      replicas = std::atoi(v.c_str());
+    else if (k == "--epochs")
+      epochs = std::atoi(v.c_str());
+    else if (k == "--verify-sync")
+      verify_every = std::atoll(v.c_str());
+  }
+  try {
+    return run(mode, out, replicas, epochs, verify_every);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s: %s\n", error_code_name(e.code()), e.what());
+    return 1;
+  }
+}

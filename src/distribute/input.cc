@@ -21,23 +21,23 @@ std::pair<int64_t, int64_t> worker_rows(int64_t batch_rows, const Strategy& stra
   return {replica_rows(batch_rows, n, first).first, replica_rows(batch_rows, n, last).second};
 }
 
-Tensor replica_slice(const Tensor& global_batch, const Strategy& strategy, int local_replica) {
-  DTRAIN_CHECK(global_batch.defined() && global_batch.rank() >= 1,
+Tensor replica_slice(const Tensor& worker_batch, const Strategy& strategy, int local_replica) {
+  DTRAIN_CHECK(worker_batch.defined() && worker_batch.rank() >= 1,
                "replica_slice: the batch must have a batch dimension, got ",
-               global_batch.defined() ? global_batch.to_string(0) : "an undefined tensor");
+               worker_batch.defined() ? worker_batch.to_string(0) : "an undefined tensor");
   DTRAIN_CHECK(local_replica >= 0 && local_replica < strategy.num_local_replicas(),
                "replica_slice: local replica ", local_replica, " out of range for ",
                strategy.num_local_replicas());
-  const auto [b, e] = replica_rows(global_batch.dim(0), strategy.num_replicas_in_sync(),
-                                   strategy.replica_id(local_replica));
-  return global_batch.slice(b, e);
+  const auto [b, e] =
+      replica_rows(worker_batch.dim(0), strategy.num_local_replicas(), local_replica);
+  return worker_batch.slice(b, e);
 }
 
-data::Element replica_slice(const data::Element& global_batch, const Strategy& strategy,
+data::Element replica_slice(const data::Element& worker_batch, const Strategy& strategy,
                             int local_replica) {
   data::Element out;
-  out.reserve(global_batch.size());
-  for (const Tensor& t : global_batch) out.push_back(replica_slice(t, strategy, local_replica));
+  out.reserve(worker_batch.size());
+  for (const Tensor& t : worker_batch) out.push_back(replica_slice(t, strategy, local_replica));
   return out;
 }
 

@@ -21,18 +21,19 @@ namespace dtrain::distribute {
 // batch_rows < num_replicas.
 std::pair<int64_t, int64_t> replica_rows(int64_t batch_rows, int num_replicas, int replica);
 
-// Local replica `local_replica`'s slice of a global batch: a zero-copy view (Tensor::slice).
-Tensor replica_slice(const Tensor& global_batch, const Strategy& strategy, int local_replica);
-// The same for each component of an element ({x, y}).
-data::Element replica_slice(const data::Element& global_batch, const Strategy& strategy,
-                            int local_replica);
-
 // experimental_distribute_dataset: `global_batches` (batched by the global batch size) as this
-// worker sees it: each element holds the rows of this worker's local replicas (a zero-copy view
-// of the global batch), to be split further with replica_slice(..., local) — or, since the
-// local replicas' rows are contiguous, with replica_rows on the worker batch. With one worker the
-// dataset is returned unchanged.
+// worker sees it: each element holds the rows of this worker's local replicas, a zero-copy view
+// of the global batch. With one worker the dataset is returned unchanged.
 data::Dataset distribute_dataset(const data::Dataset& global_batches, const Strategy& strategy);
+
+// Local replica `local_replica`'s rows of a worker batch (an element of distribute_dataset; with
+// one worker, the global batch): a zero-copy view (Tensor::slice). Because replica_rows gives
+// the extra rows to the lowest replicas, this equals the replica's slice of the global batch.
+// Throws InvalidArgumentError for a scalar batch or a replica out of range.
+Tensor replica_slice(const Tensor& worker_batch, const Strategy& strategy, int local_replica);
+// The same for each component of an element ({x, y}).
+data::Element replica_slice(const data::Element& worker_batch, const Strategy& strategy,
+                            int local_replica);
 
 // Rows [begin, end) of a global batch of `batch_rows` that this worker's local replicas take.
 std::pair<int64_t, int64_t> worker_rows(int64_t batch_rows, const Strategy& strategy);

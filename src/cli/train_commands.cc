@@ -12,10 +12,13 @@
 #include "dtrain/data/csv.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/distribute/mirrored_strategy.h"
+#include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/gemm.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/backup_and_restore.h"
+#include "dtrain/train/saving.h"
 #include "dtrain/train/training.h"
 
 namespace dtrain::cli {
@@ -46,6 +49,10 @@ struct TrainFlags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool resume = false;
+  std::string strategy = "one";
+  int replicas = 0;
+  int64_t verify_sync = 0;
+  std::string save;
 };
 
 struct Split {
@@ -147,9 +154,24 @@ int64_t num_classes(const Data& d) {
   return std::max<int64_t>(classes, 2);
 }
 
+bool is_h5(const std::string& path) {
+  for (const char* ext : {".h5", ".hdf5", ".keras"}) {
+    const std::string e = ext;
+    if (path.size() >= e.size() && path.compare(path.size() - e.size(), e.size(), e) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
   const Tensor& x = d.train.x.defined() ? d.train.x : d.test.x;
   const Shape example = x.shape().without_first();
+  if (is_h5(f.model)) {
+    // A model saved with model.save("x.h5"): architecture, weights, optimizer and compile
+    // settings, so fit continues where it stopped.
+    return train::load_model(f.model);
+  }
   if (!f.model.empty()) {
     std::ifstream in(f.model);
     if (!in) throw NotFoundError("cannot open model file '" + f.model + "'");
@@ -177,6 +199,12 @@ std::shared_ptr<optim::Optimizer> make_optimizer(const TrainFlags& f) {
 }
 
 void compile(nn::Model& model, const TrainFlags& f) {
+  if (model.compiled()) {
+    // Loaded from .h5 with its optimizer state: keep it, unless asked for another optimizer.
+    if (f.learning_rate > 0)
+      model.optimizer()->set_learning_rate(static_cast<float>(f.learning_rate));
+    return;
+  }
   // The built-in model ends in logits; a JSON model ending in softmax gets probabilities.
   bool softmax_output = false;
   if (!model.layers().empty()) {
@@ -187,6 +215,15 @@ void compile(nn::Model& model, const TrainFlags& f) {
   model.compile({.optimizer = make_optimizer(f),
                  .loss = nn::SparseCategoricalCrossentropy({.from_logits = !softmax_output}),
                  .metrics = {"accuracy"}});
+}
+
+std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
+  if (f.strategy == "mirrored") return std::make_unique<distribute::MirroredStrategy>(f.replicas);
+  if (f.strategy == "multi-worker") {
+    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(
+        distribute::MultiWorkerOptions{.local_replicas = std::max(1, f.replicas)});
+  }
+  return nullptr;
 }
 
 void apply_runtime(const TrainFlags& f) {
@@ -245,18 +282,41 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   "Checkpoint every N steps (default: at the end of each epoch)");
   fit->add_flag("--resume", train_flags.resume,
                 "Resume exactly from the newest valid checkpoint in --checkpoint-dir");
+  fit->add_option("--strategy", train_flags.strategy,
+                  "one (default), mirrored (replicas as threads), or multi-worker (one process "
+                  "per worker; cluster from TF_CONFIG, Slurm, Open MPI or dtrain launch)")
+      ->check(CLI::IsMember({"one", "mirrored", "multi-worker"}));
+  fit->add_option("--replicas", train_flags.replicas,
+                  "Replica threads per process for mirrored/multi-worker (default: mirrored one "
+                  "per core, multi-worker 1)");
+  fit->add_option("--verify-sync", train_flags.verify_sync,
+                  "Every N steps, check that all workers hold bitwise-identical variables");
+  fit->add_option("--save", train_flags.save,
+                  "Save the trained model (Keras HDF5: architecture, weights, optimizer) to this "
+                  ".h5 file");
   fit->callback([&run] {
     run = [] {
       apply_runtime(train_flags);
+      std::unique_ptr<distribute::Strategy> strategy = make_strategy(train_flags);
+      std::optional<distribute::Strategy::ScopeGuard> scope;
+      if (strategy) scope.emplace(strategy.get());
+      const bool chief = !strategy || strategy->is_chief();
+      if (!chief) train_flags.verbose = 0;  // the chief reports for everyone
       const Data d = load_data(data_flags, true);
       auto model = make_model(model_flags, d);
       compile(*model, train_flags);
       if (train_flags.verbose != 0) model->summary();
+      if (strategy && chief) {
+        std::printf("%s: %d replicas in sync (%d workers x %d local)\n", strategy->name().c_str(),
+                    strategy->num_replicas_in_sync(), strategy->num_workers(),
+                    strategy->num_local_replicas());
+      }
       train::FitOptions opts{.epochs = train_flags.epochs,
                              .batch_size = train_flags.batch_size,
                              .seed = train_flags.seed,
                              .verbose = train_flags.verbose};
       if (train_flags.steps_per_epoch > 0) opts.steps_per_epoch = train_flags.steps_per_epoch;
+      opts.verify_sync_every = train_flags.verify_sync;
       DTRAIN_CHECK(!train_flags.resume || !train_flags.checkpoint_dir.empty(),
                    "--resume needs --checkpoint-dir");
       if (!train_flags.checkpoint_dir.empty()) {
@@ -274,9 +334,14 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       model->fit(d.train.x, d.train.y, opts);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("trained %d epochs in %.2f s\n", train_flags.epochs, secs);
+      if (chief) std::printf("trained %d epochs in %.2f s\n", train_flags.epochs, secs);
       if (d.test.x.defined()) {
-        print_logs("test", model->evaluate(d.test.x, d.test.y, {.batch_size = 256}));
+        const nn::Logs test = model->evaluate(d.test.x, d.test.y, {.batch_size = 256});
+        if (chief) print_logs("test", test);
+      }
+      if (!train_flags.save.empty() && chief) {
+        model->save(train_flags.save);
+        std::printf("saved %s\n", train_flags.save.c_str());
       }
       return 0;
     };

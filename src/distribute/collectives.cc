@@ -264,6 +264,11 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
       GlooStoreAdapter adapter(rdzv.store, options.timeout);
       std::shared_ptr<gloo::transport::Device> dev = impl->device;
       impl->context->connectFullMesh(adapter, dev);
+      // A rank returns from connectFullMesh once its own pairs are up; without this barrier it
+      // could close them (finish, fail, exit) while a peer is still completing its handshake.
+      gloo::BarrierOptions barrier(impl->context);
+      barrier.setTimeout(options.timeout);
+      gloo::barrier(barrier);
     } catch (const dtrain::Error&) {
       throw;
     } catch (const gloo::IoException& e) {

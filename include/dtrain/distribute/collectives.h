@@ -42,7 +42,8 @@ struct CollectiveOptions {
 
 class Collectives {
  public:
-  // Rendezvous on `store` (see rendezvous()), then connects a full mesh of TCP pairs. Blocks up
+  // Rendezvous on `store` (see rendezvous()), then connects a full mesh of TCP pairs and waits
+  // until every worker has connected (so none can close its pairs mid-handshake). Blocks up
   // to options.timeout. With world_size 1 nothing is connected and every collective is a copy
   // or a no-op. Throws what rendezvous() throws; UnavailableError or DeadlineExceededError
   // when the connection fails.

@@ -17,6 +17,16 @@ json batch_shape_json(const Shape& s) {
   for (int64_t d : s) j.push_back(d);
   return j;
 }
+// A Keras identifier ("glorot_uniform") or a Keras initializer config as JSON
+// ({"class_name": "GlorotUniform", "config": {"seed": 3}}), as model JSON carries it.
+std::shared_ptr<Initializer> make_initializer(const std::string& spec,
+                                              std::optional<uint64_t> seed) {
+  const size_t first = spec.find_first_not_of(" \t\n");
+  if (first != std::string::npos && (spec[first] == '{' || spec[first] == '"')) {
+    return initializer_from_json(spec);
+  }
+  return initializer_from_name(spec, seed);
+}
 void add_batch_input_shape(const Layer& layer, json& c) {
   if (layer.input_shape()) c["batch_input_shape"] = batch_shape_json(*layer.input_shape());
 }
@@ -49,8 +59,8 @@ Dense::Dense(int64_t units, DenseOptions options)
       units_(units),
       activation_(ops::activation_from_name(options.activation)),
       use_bias_(options.use_bias),
-      kernel_init_(initializer_from_name(options.kernel_initializer, options.seed)),
-      bias_init_(initializer_from_name(options.bias_initializer)) {
+      kernel_init_(make_initializer(options.kernel_initializer, options.seed)),
+      bias_init_(make_initializer(options.bias_initializer, std::nullopt)) {
   DTRAIN_CHECK(units > 0, "Dense: units must be positive, got ", units);
   if (options.input_shape) {
     set_input_shape(*options.input_shape);

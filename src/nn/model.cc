@@ -118,7 +118,7 @@ void Sequential::add_layer(LayerRef ref) {
   DTRAIN_CHECK(layer != nullptr, "Sequential '", name(), "': cannot add a null layer");
   const bool first = layers().empty();
   track(layer);
-  if (first) {
+  if (first && !built()) {
     // A first layer that knows its input shape fixes the model's (Keras builds eagerly then).
     if (layer->input_shape()) build(*layer->input_shape());
     return;
@@ -231,9 +231,12 @@ std::shared_ptr<Layer> layer_from_json(const json& lj, const std::string& where)
     const std::string act = str_field(c, "activation", where, "linear");
     auto dense = std::make_shared<Dense>(
         c["units"].get<int64_t>(),
-        DenseOptions{.activation = act, .use_bias = c.value("use_bias", true), .name = name});
-    // Initializers only matter for unbuilt weights; honour them when given.
-    (void)initializer_json(c, "kernel_initializer", "glorot_uniform");
+        DenseOptions{
+            .activation = act,
+            .use_bias = c.value("use_bias", true),
+            .kernel_initializer = initializer_json(c, "kernel_initializer", "glorot_uniform"),
+            .bias_initializer = initializer_json(c, "bias_initializer", "zeros"),
+            .name = name});
     if (input_shape) dense->build(*input_shape);
     layer = dense;
   } else if (cls == "Flatten") {

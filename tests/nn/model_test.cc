@@ -178,3 +178,31 @@ TEST_F(ModelTest, DefaultNamesFollowKeras) {
 
 }  // namespace
 }  // namespace dtrain::nn
+
+namespace dtrain::nn {
+namespace {
+
+TEST(ModelJson, SeededInitializersSurviveTheRoundTrip) {
+  clear_session();
+  Sequential model({Dense(4, {.seed = 7, .input_shape = Shape{3}}), Dense(2, {.seed = 9})});
+  const std::string json = model.to_json();
+  EXPECT_NE(json.find("\"seed\":7"), std::string::npos) << json;
+  auto copy = model_from_json(json);
+  EXPECT_EQ(copy->to_json(), json);
+  // Same seeds, same initial weights.
+  const auto a = model.weights(), b = copy->weights();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i]->tensor().equals(b[i]->tensor()));
+}
+
+TEST(ModelJson, LayerAfterInputLayerWithoutShapeIsBuilt) {
+  auto model = model_from_json(R"({"class_name": "Sequential", "config": {"layers": [
+    {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 5]}},
+    {"class_name": "Dense", "config": {"units": 3}},
+    {"class_name": "Dense", "config": {"units": 2}}]}})");
+  ASSERT_TRUE(model->layers()[0]->built());
+  EXPECT_EQ(model->count_params(), 5 * 3 + 3 + 3 * 2 + 2);
+}
+
+}  // namespace
+}  // namespace dtrain::nn

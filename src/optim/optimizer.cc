@@ -72,7 +72,9 @@ void Optimizer::build(std::span<Variable* const> vars) {
     DTRAIN_CHECK(vars[i]->dtype() == DType::kFloat32, name_, ": variable '", vars[i]->name(),
                  "' is ", dtype_name(vars[i]->dtype()), "; optimizers update float32 variables");
   }
-  // Keras creates slots slot by slot: every variable's "m", then every variable's "v".
+  // Slots are created slot by slot: every variable's "m", then every variable's "v". (Keras's
+  // Adam alternates m and v per variable; files never depend on this order: .h5 optimizer
+  // weights are written in Keras's order and checkpoints match slots by name.)
   std::vector<Variable*> fresh;
   for (Variable* var : vars) {
     if (slots_.count(var->id()) == 0 && std::find(fresh.begin(), fresh.end(), var) == fresh.end()) {

@@ -14,5 +14,7 @@ namespace dtrain::cli {
 void add_train_commands(CLI::App& app, std::function<int()>& run);
 // events: dump TensorBoard event files (src/cli/events.cc).
 void add_events_command(CLI::App& app, std::function<int()>& run);
+// launch: start a job's worker processes on this node, like torchrun (src/cli/launch.cc).
+void add_launch_command(CLI::App& app, std::function<int()>& run);
 
 }  // namespace dtrain::cli

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   std::function<int()> run;
   dtrain::cli::add_train_commands(app, run);
   dtrain::cli::add_events_command(app, run);
+  dtrain::cli::add_launch_command(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dtrain/core/error.h"
+#include "dtrain/distribute/collectives.h"
 
 extern char** environ;
 
@@ -260,6 +261,29 @@ TEST_F(CoordinationTest, HeartbeatsAreRecordedAndSentInTheBackground) {
   EXPECT_LT(ages.at("worker:1"), 300ms);  // kept fresh by the thread
   EXPECT_EQ(server_.heartbeat_ages().count("worker:1"), 1u);
   EXPECT_FALSE(background.heartbeat_failed());
+}
+
+TEST_F(CoordinationTest, GlooCollectivesRendezvousThroughTheCoordinator) {
+  constexpr int kRanks = 3;
+  std::vector<double> sums(kRanks, 0);
+  std::vector<int64_t> generations(kRanks, 0);
+  on_threads(kRanks, [&](int rank) {
+    auto store = std::make_shared<CoordinationClient>(server_.address(), fast_);
+    // A membership round gives the group its generation, hence fresh rendezvous keys.
+    const Membership m = store->join("worker-" + std::to_string(rank), kRanks, 30s);
+    auto collectives = Collectives::connect(store, {.rank = rank,
+                                                    .world_size = kRanks,
+                                                    .timeout = 30s,
+                                                    .run_id = "coordination_test",
+                                                    .generation = m.generation});
+    sums[rank] = collectives->all_reduce_scalar(rank + 1, ReduceOp::kSum);
+    generations[rank] = collectives->generation();
+    collectives->barrier();
+  });
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_EQ(sums[rank], 6.0);
+    EXPECT_EQ(generations[rank], 1);
+  }
 }
 
 TEST(CoordinationFailureTest, UnreachableServiceIsUnavailableNamingTheAddress) {

@@ -57,10 +57,10 @@ struct LauncherEnv {
   int local_world_size = 1;
   int node_rank = 0;
   int nnodes = 1;
-  std::string rdzv;                // DTRAIN_RDZV as given
-  int64_t generation = 1;          // DTRAIN_RDZV_GENERATION
-  std::optional<HostPort> master;  // DTRAIN_MASTER_ADDR / _PORT, when the job has a service
-  std::string run_id = "dtrain";   // DTRAIN_RUN_ID
+  std::string rdzv = "";                          // DTRAIN_RDZV as given
+  int64_t generation = 1;                         // DTRAIN_RDZV_GENERATION
+  std::optional<HostPort> master = std::nullopt;  // DTRAIN_MASTER_ADDR/_PORT, if a service
+  std::string run_id = "default";                 // DTRAIN_RUN_ID
 
   // True when DTRAIN_RDZV names a coordination service (no "scheme://").
   bool rdzv_is_coordinator() const;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/keras_h5.h"
 #include "dtrain/core/error.h"
 #include "dtrain/train/training.h"
@@ -37,13 +38,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // Paths handled here: Keras's HDF5 suffixes, or an existing HDF5 file under any name (as Keras
 // checks h5py.is_hdf5). Anything else is a TF checkpoint prefix.
 bool is_h5(const std::string& path) { return ck::is_keras_h5_path(path) || ck::is_hdf5_file(path); }
-
-[[noreturn]] void checkpoint_prefix_unimplemented(const char* fn, const std::string& path) {
-  throw UnimplementedError(str_cat(
-      fn, ": '", path,
-      "' is a TF checkpoint prefix (it does not end in .h5, .hdf5 or .keras); TF-format weights "
-      "arrive with the checkpoint module (dtrain::checkpoint::Checkpoint). Use an .h5 path"));
-}
 
 void check_built(nn::Model& model, const char* fn) {
   if (!model.built()) {
@@ -706,16 +700,26 @@ std::unique_ptr<nn::Model> load_model(const std::string& path, const LoadModelOp
 }
 
 void save_weights(nn::Model& model, const std::string& path) {
-  if (!ck::is_keras_h5_path(path)) checkpoint_prefix_unimplemented("save_weights", path);
   check_built(model, "save_weights");
+  if (!ck::is_keras_h5_path(path)) {
+    // TensorFlow format (Keras's save_format="tf"): the model is the checkpoint's root object,
+    // so keys read "layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE".
+    ck::Checkpoint(ck::Trackable(model)).write(path);
+    return;
+  }
   ck::KerasH5Contents c = weights_contents(model);
   c.weights_only = true;
   ck::write_keras_h5(path, c);
 }
 
 void load_weights(nn::Model& model, const std::string& path, const LoadWeightsOptions& options) {
-  if (!is_h5(path)) checkpoint_prefix_unimplemented("load_weights", path);
   check_built(model, "load_weights");
+  if (!is_h5(path)) {
+    // A TF-format prefix (ours, or Keras's save_weights in TF format): match by object path;
+    // values for objects this model lacks (an optimizer, say) are ignored, as in Keras.
+    ck::Checkpoint(ck::Trackable(model)).restore(path).expect_partial();
+    return;
+  }
   const ck::KerasH5Contents c = ck::read_keras_h5(path);
   DTRAIN_CHECK(options.by_name || !options.skip_mismatch,
                "load_weights: skip_mismatch requires by_name (as in Keras)");

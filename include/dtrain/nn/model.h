@@ -88,8 +88,8 @@ class Model : public Layer {
 
   // --- Training (implemented in src/train/) -------------------------------------------------
   // Keras's model.save / save_weights / load_weights for ".h5", ".hdf5" and ".keras" paths
-  // (dtrain/train/saving.h has the details, the options and load_model). save_weights and
-  // load_weights throw UnimplementedError for TF checkpoint prefixes (other paths) for now.
+  // (dtrain/train/saving.h has the details, the options and load_model); save_weights and
+  // load_weights also take TensorFlow checkpoint prefixes (other paths).
   void save(const std::string& path);
   void save_weights(const std::string& path);
   void load_weights(const std::string& path);

@@ -9,8 +9,9 @@
 // (training_config: loss, metrics, optimizer config) and the optimizer's state (iteration counter
 // and slots), so the first step after load_model() is the step the original model would have
 // taken. Files written by Keras 2.x (h5py 2 or 3 strings, old and new optimizer layouts) load,
-// and Keras 2.12 loads what dtrain writes. Paths that do not end in ".h5", ".hdf5" or ".keras"
-// are TF checkpoint prefixes; those are not handled here yet (UnimplementedError). Not
+// and Keras 2.12 loads what dtrain writes. For save_weights / load_weights, paths that do not
+// end in ".h5", ".hdf5" or ".keras" are TensorFlow checkpoint prefixes (the model is the
+// checkpoint's root object, as Keras's save_format="tf"). Not
 // thread-safe with respect to the model: do not train it while saving or loading.
 #pragma once
 
@@ -59,8 +60,8 @@ std::unique_ptr<nn::Model> load_model(const std::string& path,
 // Writes the weights of `model` to `path` in the layout of Keras's save_weights to ".h5":
 // root attributes layer_names, backend, keras_version and one group per layer (InputLayer
 // excluded). Atomic like save_model. Throws FailedPreconditionError when the model has not been
-// built, UnimplementedError for a TF checkpoint prefix (a path without ".h5", ".hdf5" or
-// ".keras"), and what checkpoint::write_keras_h5 throws for I/O failures.
+// built, and what checkpoint::write_keras_h5 (or, for a TF checkpoint prefix — a path without
+// ".h5", ".hdf5" or ".keras" — checkpoint::Checkpoint::write) throws for I/O failures.
 void save_weights(nn::Model& model, const std::string& path);
 
 struct LoadWeightsOptions {
@@ -76,7 +77,8 @@ struct LoadWeightsOptions {
 // model unchanged. Throws NotFoundError / DataLossError as load_model, FailedPreconditionError
 // for an unbuilt model, InvalidArgumentError when the number of layers with weights differs
 // (naming both lists) or a layer's weight count or a weight's shape differs (naming the layer,
-// the weight and both shapes), UnimplementedError for a TF checkpoint prefix.
+// the weight and both shapes). A TF checkpoint prefix is restored by object path
+// (checkpoint::Checkpoint::restore, with expect_partial) and throws as that does.
 void load_weights(nn::Model& model, const std::string& path,
                   const LoadWeightsOptions& options = {});
 

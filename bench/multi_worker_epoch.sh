@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Side-by-side epoch time of data-parallel training on the 2-core machine: the Fashion-MNIST MLP,
+# global batch 64 = 2 workers x 32, Adam, one thread each. dtrain's MultiWorkerMirroredStrategy
+# (two processes under `dtrain launch`, Gloo all-reduce on loopback) against PyTorch DDP (gloo
+# backend), and MirroredStrategy with 2 replicas against 1 replica on the same global batch.
+# Usage: bench/multi_worker_epoch.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+epochs="${1:-3}"
+rounds="${2:-3}"
+dtrain="${BUILD_DIR:-build}/dtrain"
+[[ -x "$dtrain" ]] || { echo "missing $dtrain: run scripts/build.sh first" >&2; exit 1; }
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+if [[ -z "${KEEP_OPENBLAS_ENV:-}" ]]; then unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Median epoch time from dtrain's "NNN/NNN - ... - XXXms/epoch" lines, skipping the first epoch.
+dtrain_epoch() {
+  grep -oE '[0-9]+ms/epoch' "$1" | sed 's/ms\/epoch//' | tail -n +2 | sort -g |
+    awk '{ a[NR] = $1 } END { printf "%.4f", a[int((NR + 1) / 2)] / 1000 }'
+}
+get() { awk -v k="$1" '$1 == k { print $2 }' "$2"; }
+median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+mw=() ddp=() m1=() m2=()
+for r in $(seq "$rounds"); do
+  "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs "$epochs" \
+    --batch-size 64 --seed 0 --verbose 2 > "$tmp/mw.$r" 2>&1
+  mw+=("$(dtrain_epoch "$tmp/mw.$r")")
+  /usr/bin/python3 bench/torch_ddp_epoch.py "$epochs" 2 > "$tmp/ddp.$r" 2>&1
+  ddp+=("$(get epoch_seconds_median "$tmp/ddp.$r")")
+  "$dtrain" fit --strategy mirrored --replicas 1 --epochs "$epochs" --batch-size 64 --seed 0 \
+    --verbose 2 > "$tmp/m1.$r" 2>&1
+  m1+=("$(dtrain_epoch "$tmp/m1.$r")")
+  "$dtrain" fit --strategy mirrored --replicas 2 --epochs "$epochs" --batch-size 64 --seed 0 \
+    --verbose 2 > "$tmp/m2.$r" 2>&1
+  m2+=("$(dtrain_epoch "$tmp/m2.$r")")
+done
+acc_mw=$(grep -oE 'test_accuracy: [0-9.]+' "$tmp/mw.$rounds" | awk '{ print $2 }')
+acc_ddp=$(get test_accuracy "$tmp/ddp.$rounds")
+printf '%-52s %10s\n' "2 workers x 32, MultiWorkerMirrored (s/epoch)" "$(median "${mw[@]}")"
+printf '%-52s %10s\n' "2 workers x 32, PyTorch DDP gloo (s/epoch)" "$(median "${ddp[@]}")"
+printf '%-52s %10s\n' "MirroredStrategy 1 replica, batch 64 (s/epoch)" "$(median "${m1[@]}")"
+printf '%-52s %10s\n' "MirroredStrategy 2 replicas, batch 64 (s/epoch)" "$(median "${m2[@]}")"
+printf '%-52s %10s %10s\n' "test accuracy after $epochs epochs (dtrain, DDP)" "$acc_mw" "$acc_ddp"
+echo "rounds: multi-worker ${mw[*]} | ddp ${ddp[*]} | mirrored-1 ${m1[*]} | mirrored-2 ${m2[*]}"
+awk -v a="$(median "${mw[@]}")" -v b="$(median "${ddp[@]}")" \
+  'BEGIN { printf "speedup over DDP: %.2fx\n", b / a }'
+awk -v a="$(median "${m2[@]}")" -v b="$(median "${m1[@]}")" \
+  'BEGIN { printf "MirroredStrategy 2 replicas vs 1: %.2fx the time\n", a / b }'

@@ -12,6 +12,8 @@ namespace dtrain::cli {
 
 // fit / evaluate / predict over Fashion-MNIST, IDX or CSV data.
 void add_train_commands(CLI::App& app, std::function<int()>& run);
+// ckpt ls/inspect/verify/diff/convert: checkpoint tools (src/cli/ckpt.cc, docs/checkpoint-cli.md).
+void add_ckpt_command(CLI::App& app, std::function<int()>& run);
 // events: dump TensorBoard event files (src/cli/events.cc).
 void add_events_command(CLI::App& app, std::function<int()>& run);
 // launch: start a job's worker processes on this node, like torchrun (src/cli/launch.cc).

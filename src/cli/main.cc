@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "dtrain 0.1.0");
   std::function<int()> run;
   dtrain::cli::add_train_commands(app, run);
+  dtrain::cli::add_ckpt_command(app, run);
   dtrain::cli::add_events_command(app, run);
   dtrain::cli::add_launch_command(app, run);
   try {

@@ -53,6 +53,7 @@ struct TrainFlags {
   int replicas = 0;
   int64_t verify_sync = 0;
   std::string save;
+  std::string logdir;
 };
 
 struct Split {
@@ -291,6 +292,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   "per core, multi-worker 1)");
   fit->add_option("--verify-sync", train_flags.verify_sync,
                   "Every N steps, check that all workers hold bitwise-identical variables");
+  fit->add_option("--logdir", train_flags.logdir,
+                  "Write TensorBoard event files here (train/ and validation/ runs)");
   fit->add_option("--save", train_flags.save,
                   "Save the trained model (Keras HDF5: architecture, weights, optimizer) to this "
                   ".h5 file");
@@ -317,6 +320,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                              .verbose = train_flags.verbose};
       if (train_flags.steps_per_epoch > 0) opts.steps_per_epoch = train_flags.steps_per_epoch;
       opts.verify_sync_every = train_flags.verify_sync;
+      opts.logdir = train_flags.logdir;
       DTRAIN_CHECK(!train_flags.resume || !train_flags.checkpoint_dir.empty(),
                    "--resume needs --checkpoint-dir");
       if (!train_flags.checkpoint_dir.empty()) {

@@ -25,7 +25,8 @@ struct BackupAndRestore::State {
   std::vector<nn::Metric*> metrics;  // the loss tracker first
   Tensor metric_state;               // float64 [metrics, 2]: (total, count) per metric
   std::unique_ptr<checkpoint::Checkpoint> ckpt;
-  std::unique_ptr<checkpoint::CheckpointManager> manager;
+  std::unique_ptr<checkpoint::CheckpointManager> manager;  // the chief's only
+  bool writer = true;
 };
 
 BackupAndRestore::BackupAndRestore(std::string backup_dir, BackupAndRestoreOptions options)
@@ -75,6 +76,10 @@ void BackupAndRestore::attach() {
   if (!rngs.empty()) children.emplace_back("dropout_rngs", checkpoint::Trackable::object(rngs));
   st.ckpt = std::make_unique<checkpoint::Checkpoint>(
       std::move(children), checkpoint::CheckpointOptions{.enable_async = options_.enable_async});
+  // Under a multi-worker strategy the variables are mirrored, so only the chief writes (and
+  // sweeps the directory); the other workers only read the chief's committed backups.
+  st.writer = ts->strategy == nullptr || ts->strategy->is_chief();
+  if (!st.writer) return;
   st.manager = std::make_unique<checkpoint::CheckpointManager>(
       *st.ckpt, dir_,
       checkpoint::CheckpointManagerOptions{.max_to_keep = options_.max_to_keep,
@@ -85,7 +90,13 @@ void BackupAndRestore::on_train_begin(const Logs&) {
   attach();
   steps_since_backup_ = 0;
   restored_from_.reset();
-  if (options_.restore) restored_from_ = state_->manager->restore_or_initialize();
+  if (options_.restore) {
+    if (state_->writer) {
+      restored_from_ = state_->manager->restore_or_initialize();
+    } else if (auto status = state_->ckpt->restore_latest(dir_)) {
+      restored_from_ = status->save_path();
+    }
+  }
   if (!restored_from_) return;
   State& st = *state_;
   TrainingState& ts = *model()->training_state();
@@ -103,6 +114,7 @@ void BackupAndRestore::on_train_begin(const Logs&) {
 void BackupAndRestore::backup() {
   DTRAIN_CHECK(state_ != nullptr, "BackupAndRestore::backup: fit() has not started");
   State& st = *state_;
+  if (!st.writer) return;
   const TrainingState& ts = *model()->training_state();
   st.epoch = ts.epoch;
   st.step = ts.step_in_epoch;
@@ -130,6 +142,10 @@ void BackupAndRestore::on_epoch_end(int64_t, const Logs&) {
 
 void BackupAndRestore::on_train_end(const Logs&) {
   if (!state_) return;
+  if (!state_->writer) {
+    state_.reset();
+    return;
+  }
   state_->manager->sync();
   // A run that ends (all epochs, or stopped by a callback such as EarlyStopping) deletes its
   // backups, as Keras does; a crashed run never gets here.

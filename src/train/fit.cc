@@ -9,6 +9,8 @@
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/sync_check.h"
+#include "dtrain/train/backup_and_restore.h"
+#include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
 #include "progress_bar.h"
 
@@ -268,6 +270,13 @@ train::History run_fit(Model& model,
   const int verbose = resolve_verbose(options.verbose);
   auto history = std::make_shared<train::History>();
   std::vector<std::shared_ptr<train::Callback>> callbacks = options.callbacks;
+  if (options.save_checkpoints) {
+    callbacks.push_back(std::make_shared<train::BackupAndRestore>(
+        options.checkpoint_dir,
+        train::BackupAndRestoreOptions{.save_freq = options.checkpoint_every}));
+  }
+  if (!options.logdir.empty())
+    callbacks.push_back(std::make_shared<train::TensorBoard>(options.logdir));
   callbacks.push_back(history);
   for (const auto& cb : callbacks) cb->set_model(&model);
   std::optional<data::Dataset> validation;

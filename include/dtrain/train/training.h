@@ -81,6 +81,15 @@ struct FitOptions {
   // 0 silent, 1 progress bar, 2 one line per epoch; -1 (auto): 1 on a terminal, else 2.
   int verbose = -1;
   std::vector<std::shared_ptr<Callback>> callbacks = {};
+  // The tutorial's fit(..., save_checkpoints=true): back up the whole training state to
+  // checkpoint_dir (BackupAndRestore, every checkpoint_every steps or each epoch when 0) and
+  // resume from it when a backup is there, so a restarted job continues exactly.
+  bool save_checkpoints = false;
+  std::string checkpoint_dir = "dtrain_backup";
+  int64_t checkpoint_every = 0;
+  // Write TensorBoard event files (loss, metrics, learning rate, steps/s) under this directory
+  // (the TensorBoard callback, chief only). Empty: none.
+  std::string logdir = "";
   // Under a multi-worker strategy: every this many steps, compare a checksum of every model and
   // optimizer variable across workers and fail (InternalError naming the first diverging
   // variable) if any differs. 0: never.

@@ -1,0 +1,57 @@
+// The TensorBoard callback (keras.callbacks.TensorBoard): writes TensorBoard event files under
+// log_dir/train and log_dir/validation as Keras does — "epoch_loss", "epoch_accuracy", ... at
+// step = epoch, "epoch_learning_rate" and "epoch_steps_per_second", and with update_freq = N
+// also "batch_loss", ... every N steps at the global step. Under a multi-worker strategy only
+// the chief writes. Text entries (failures, restarts, recoveries) go to log_dir/train through
+// text(). Used from the thread that calls fit(); text() is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "dtrain/train/callbacks.h"
+
+namespace dtrain::summary {
+class SummaryWriter;
+}
+
+namespace dtrain::train {
+
+struct TensorBoardOptions {
+  int64_t update_freq = 0;  // also write batch-level scalars every this many steps; 0: epochs only
+};
+
+class TensorBoard : public Callback {
+ public:
+  explicit TensorBoard(std::string log_dir = "logs", TensorBoardOptions options = {});
+  ~TensorBoard() override;
+
+  void on_train_begin(const Logs& logs) override;
+  void on_epoch_begin(int64_t epoch, const Logs& logs) override;
+  void on_train_batch_end(int64_t batch, const Logs& logs) override;
+  void on_epoch_end(int64_t epoch, const Logs& logs) override;
+  void on_train_end(const Logs& logs) override;
+
+  // Writes a markdown text entry with `tag` at `step` to the train run (e.g. a failure report);
+  // flushed at once. A no-op on workers other than the chief, or before on_train_begin.
+  void text(const std::string& tag, const std::string& markdown, int64_t step);
+  // Writes one scalar to the train run (e.g. "checkpoint_save_seconds", "restarts").
+  void scalar(const std::string& tag, double value, int64_t step);
+
+  const std::string& log_dir() const { return log_dir_; }
+
+ private:
+  std::string log_dir_;
+  TensorBoardOptions options_;
+  std::mutex mu_;
+  std::unique_ptr<summary::SummaryWriter> train_;       // guarded by mu_
+  std::unique_ptr<summary::SummaryWriter> validation_;  // guarded by mu_
+  int64_t global_step_ = 0;
+  int64_t epoch_steps_ = 0;
+  std::chrono::steady_clock::time_point epoch_start_;
+};
+
+}  // namespace dtrain::train

@@ -1,0 +1,94 @@
+// fit(..., {.logdir}) and the TensorBoard callback write Keras's tags into event files that the
+// summary reader (and TensorBoard) can read.
+#include "dtrain/train/tensorboard.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+
+#include "dtrain/core/random.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/summary/event_reader.h"
+#include "dtrain/train/training.h"
+
+namespace dtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// tag -> (step -> value) of every scalar in the event files under `dir`; texts under "text:".
+std::map<std::string, std::map<int64_t, double>> scalars(
+    const fs::path& dir, std::vector<std::string>* texts = nullptr) {
+  std::map<std::string, std::map<int64_t, double>> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    for (const summary::Event& e : summary::read_events(entry.path().string())) {
+      for (const summary::SummaryValue& v : e.values) {
+        if (v.metadata.plugin_name == "text") {
+          if (texts) texts->push_back(v.tag + ": " + v.text());
+        } else if (v.is_scalar()) {
+          out[v.tag][e.step] = v.value;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(TensorBoardCallback, WritesKerasTagsForTrainingAndValidation) {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_tb_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  set_random_seed(1);
+  Philox rng(2);
+  Tensor x(Shape{96, 4}), y(DType::kInt64, Shape{96});
+  for (int64_t i = 0; i < 96; ++i) {
+    y.data<int64_t>()[i] = i % 2;
+    for (int64_t d = 0; d < 4; ++d) x.data<float>()[i * 4 + d] = rng.normal() + (i % 2) * d;
+  }
+  nn::Sequential model(
+      {nn::Dense(8, {.activation = "relu", .input_shape = Shape{4}}), nn::Dense(2)});
+  model.compile({.optimizer = "adam",
+                 .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
+                 .metrics = {"accuracy"}});
+  auto tb = std::make_shared<TensorBoard>(dir.string(), TensorBoardOptions{.update_freq = 2});
+  const History h = model.fit(x, y,
+                              {.epochs = 3,
+                               .batch_size = 16,
+                               .validation_data = std::make_pair(x, y),
+                               .verbose = 0,
+                               .callbacks = {tb}});
+  tb->text("fault", "worker 1 exited on signal 9 at step 12; restarted", 12);
+
+  std::vector<std::string> texts;
+  const auto train = scalars(dir / "train", &texts);
+  const auto validation = scalars(dir / "validation");
+  ASSERT_EQ(train.at("epoch_loss").size(), 3u);
+  for (int64_t e = 0; e < 3; ++e) {
+    EXPECT_NEAR(train.at("epoch_loss").at(e), h.history().at("loss")[e], 1e-6);
+    EXPECT_NEAR(train.at("epoch_accuracy").at(e), h.history().at("accuracy")[e], 1e-6);
+    EXPECT_NEAR(validation.at("epoch_loss").at(e), h.history().at("val_loss")[e], 1e-6);
+  }
+  EXPECT_NEAR(train.at("epoch_learning_rate").at(0), 0.001, 1e-9);
+  EXPECT_GT(train.at("epoch_steps_per_second").at(2), 0);
+  // 6 steps per epoch, update_freq 2: batch scalars at global steps 2, 4, ..., 18.
+  EXPECT_EQ(train.at("batch_loss").size(), 9u);
+  EXPECT_TRUE(train.at("batch_loss").count(18));
+  ASSERT_EQ(texts.size(), 1u);
+  EXPECT_NE(texts[0].find("signal 9"), std::string::npos) << texts[0];
+  fs::remove_all(dir);
+}
+
+TEST(TensorBoardCallback, FitLogdirOptionAddsTheCallback) {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_tb2_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  nn::Sequential model({nn::Dense(2, {.input_shape = Shape{3}})});
+  model.compile({.optimizer = "sgd", .loss = "mse"});
+  const Tensor x = Tensor::ones(Shape{8, 3}), y = Tensor::zeros(Shape{8, 2});
+  model.fit(x, y, {.epochs = 2, .batch_size = 4, .verbose = 0, .logdir = dir.string()});
+  EXPECT_EQ(scalars(dir / "train").at("epoch_loss").size(), 2u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dtrain::train

@@ -14,6 +14,7 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
@@ -235,7 +236,20 @@ struct Collectives::Impl {
 };
 
 Collectives::Collectives(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Collectives::~Collectives() = default;
+Collectives::~Collectives() {
+  // Graceful shutdown: a worker that finished its part of the last collective early (old-style
+  // algorithms finish at different times on different ranks) must not close its pairs while a
+  // peer is still exchanging with it. Skipped after a failure; bounded by 10 s.
+  if (!impl_ || !impl_->context || impl_->broken) return;
+  try {
+    gloo::BarrierOptions opts(impl_->context);
+    opts.setTimeout(
+        std::min<std::chrono::milliseconds>(impl_->options.timeout, std::chrono::seconds(10)));
+    gloo::barrier(opts);
+  } catch (...) {
+    // A peer already gone: nothing left to protect.
+  }
+}
 
 std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValueStore>& store,
                                                   const CollectiveOptions& options) {
@@ -244,6 +258,17 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
   DTRAIN_CHECK(options.timeout.count() > 0, "Collectives: timeout must be positive");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // Gloo writes to sockets from its own thread without MSG_NOSIGNAL on every path: a write to a
+  // peer that just died would raise SIGPIPE and kill this process instead of failing the
+  // collective. Ignore SIGPIPE unless the program installed its own handler.
+  static const bool sigpipe_ignored = [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)sigpipe_ignored;
   RendezvousResult rdzv = rendezvous(store, {.rank = options.rank,
                                              .world_size = options.world_size,
                                              .host = options.host,

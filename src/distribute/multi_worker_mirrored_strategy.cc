@@ -62,7 +62,7 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
       }
       url = chief;
     }
-    if (url.find("://") == std::string::npos) {
+    if (url.find("://") == std::string::npos) {  // a coordination service's host:port
       store_ = std::make_shared<CoordinationClient>(
           url, CoordinationClientOptions{.connect_timeout = options.timeout});
     } else {

@@ -24,6 +24,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"
+#include "dtrain/distribute/coordination.h"
+#include "dtrain/distribute/launcher_env.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -215,8 +217,8 @@ class RedisKeyValueStore final : public KeyValueStore {
 
 [[noreturn]] void bad_url(const std::string& url, const std::string& why) {
   throw InvalidArgumentError(str_cat("rendezvous URL '", url, "': ", why,
-                                     " (expected file:///shared/dir, redis://host:port or "
-                                     "memory://name)"));
+                                     " (expected host:port, file:///shared/dir, redis://host:port "
+                                     "or memory://name)"));
 }
 
 std::string peer_json(const PeerInfo& p) {
@@ -256,7 +258,12 @@ std::string describe_peer(const PeerInfo& p) {
 
 std::shared_ptr<KeyValueStore> open_store(const std::string& url) {
   const auto sep = url.find("://");
-  if (sep == std::string::npos) bad_url(url, "no scheme");
+  if (sep == std::string::npos) {
+    // host:port of a coordination service (what dtrain launch puts in DTRAIN_RDZV).
+    if (url.find(':') == std::string::npos) bad_url(url, "no scheme and no port");
+    parse_host_port(url, "rendezvous address");  // throws InvalidArgumentError when malformed
+    return std::make_shared<CoordinationClient>(url);
+  }
   const std::string scheme = url.substr(0, sep);
   const std::string rest = url.substr(sep + 3);
   if (scheme == "file") {

@@ -115,8 +115,8 @@ TEST_F(RedisTest, CollectivesRendezvousThroughRedis) {
 }
 
 TEST(OpenStoreTest, MalformedUrlsAreNamed) {
-  for (const char* url : {"redis", "ftp://x", "file://", "redis://:6379", "redis://h:port",
-                          "redis://h:70000", "redis://[::1"}) {
+  for (const char* url : {"redis", "host:x", "ftp://x", "file://", "redis://:6379",
+                          "redis://h:port", "redis://h:70000", "redis://[::1"}) {
     try {
       open_store(url);
       FAIL() << url;

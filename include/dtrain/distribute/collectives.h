@@ -46,9 +46,12 @@ class Collectives {
   // until every worker has connected (so none can close its pairs mid-handshake). Blocks up
   // to options.timeout. With world_size 1 nothing is connected and every collective is a copy
   // or a no-op. Throws what rendezvous() throws; UnavailableError or DeadlineExceededError
-  // when the connection fails.
+  // when the connection fails. Sets SIGPIPE to ignored if it has its default action, so that
+  // a write to a dead peer fails the collective instead of killing the process.
   static std::unique_ptr<Collectives> connect(const std::shared_ptr<KeyValueStore>& store,
                                               const CollectiveOptions& options);
+  // Waits (at most 10 s, skipped after a failure) until every worker is done with the
+  // collectives so far, so closing this worker's connections cannot break a peer's last one.
   ~Collectives();
   Collectives(const Collectives&) = delete;
   Collectives& operator=(const Collectives&) = delete;

@@ -18,6 +18,7 @@
 namespace dtrain::distribute {
 
 // Opens the store that `url` names:
+//   host:port            the coordination service there (CoordinationClient, 30 s to connect).
 //   file:///shared/dir   Gloo's FileStore in that directory (created if missing); every worker
 //                        must see the same directory (NFS, a shared volume, one machine).
 //   redis://host[:port]  Gloo's RedisStore on a Redis server (port 6379 by default).

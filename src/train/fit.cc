@@ -10,6 +10,7 @@
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/sync_check.h"
 #include "dtrain/train/backup_and_restore.h"
+#include "dtrain/train/step_observer.h"
 #include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
 #include "progress_bar.h"
@@ -366,6 +367,7 @@ train::History run_fit(Model& model,
       }
       ++step;
       ++global_step;
+      train::notify_step(s.optimizer->iterations());
       if (options.verify_sync_every > 0 && s.strategy != nullptr &&
           global_step % options.verify_sync_every == 0) {
         distribute::verify_sync(*s.strategy, sync_vars, global_step);

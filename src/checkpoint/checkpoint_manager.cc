@@ -113,8 +113,9 @@ void CheckpointManager::record_state() {
   write_checkpoint_state(directory_, st, checkpoint_.options().sync_to_disk);
 }
 
-void CheckpointManager::sweep() {
-  if (!options_.max_to_keep) return;
+std::vector<std::string> CheckpointManager::sweep() {
+  std::vector<std::string> doomed;
+  if (!options_.max_to_keep) return doomed;
   while (maybe_delete_.size() > static_cast<size_t>(*options_.max_to_keep)) {
     const auto [path, ts] = maybe_delete_.front();
     maybe_delete_.erase(maybe_delete_.begin());
@@ -123,18 +124,21 @@ void CheckpointManager::sweep() {
       last_preserved_timestamp_ = ts;  // preserved: no longer managed, never deleted
       continue;
     }
-    remove_checkpoint_files(path);
+    doomed.push_back(path);
   }
+  return doomed;
 }
 
 void CheckpointManager::on_written(const std::string& path, double timestamp) {
   std::lock_guard<std::mutex> lock(mu_);
   maybe_delete_.emplace_back(path, timestamp);
   latest_ = path;
-  record_state();  // commit the new checkpoint before deleting anything
-  const size_t before = maybe_delete_.size();
-  sweep();
-  if (maybe_delete_.size() != before) record_state();
+  // One state-file write commits the new checkpoint (already durable) and drops the ones
+  // retention no longer keeps; their files are deleted only afterwards. (TF writes the state
+  // file twice, before and after deleting; this saves two fsyncs per save.)
+  const std::vector<std::string> doomed = sweep();
+  record_state();
+  for (const std::string& p : doomed) remove_checkpoint_files(p);
 }
 
 std::optional<std::string> CheckpointManager::save(std::optional<int64_t> checkpoint_number,

@@ -204,7 +204,8 @@ BundleWriter::BundleWriter(std::string prefix, BundleWriterOptions options)
   }
   impl_->data = std::make_unique<AtomicFile>(
       data_filename(prefix_, 0, 1),
-      AtomicFileOptions{.sync = options.sync, .buffer_size = 256u << 10});
+      // The index's commit fsyncs the directory, which makes this file's rename durable too.
+      AtomicFileOptions{.sync = options.sync, .sync_directory = false, .buffer_size = 256u << 10});
 }
 
 BundleWriter::~BundleWriter() = default;

@@ -66,7 +66,8 @@ class CheckpointManager {
  private:
   void on_written(const std::string& path, double timestamp);
   void record_state();
-  void sweep();
+  // Drops what retention no longer keeps from the list; returns the paths to delete.
+  std::vector<std::string> sweep();
 
   Checkpoint& checkpoint_;
   std::string directory_;

@@ -15,6 +15,8 @@ namespace dtrain {
 
 struct AtomicFileOptions {
   bool sync = true;               // fsync the file before the rename and the directory after it
+  bool sync_directory = true;     // with sync: fsync the directory after the rename; false when a
+                                  // later rename in the same directory fsyncs it for both
   size_t buffer_size = 1u << 20;  // appends smaller than this are coalesced; larger ones go
                                   // straight to the kernel without a copy
 };
@@ -60,6 +62,8 @@ class AtomicFile {
   std::vector<char> buffer_;
   size_t buffered_ = 0;
   uint64_t size_ = 0;
+  uint64_t written_ = 0;    // bytes handed to write(2)
+  uint64_t writeback_ = 0;  // bytes whose writeback has been started (sync_file_range)
   bool done_ = false;
 };
 

@@ -7,6 +7,7 @@
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/checkpoint_manager.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/training.h"
 
 namespace dtrain::train {
@@ -116,6 +117,21 @@ void BackupAndRestore::backup() {
   State& st = *state_;
   if (!st.writer) return;
   const TrainingState& ts = *model()->training_state();
+  // Never write a poisoned state: a backup must be something worth rolling back to.
+  for (Variable* v : model()->weights()) {
+    if (!ops::all_finite(v->tensor())) {
+      std::cerr << "BackupAndRestore: not backing up: variable '" << v->name()
+                << "' has non-finite values\n";
+      return;
+    }
+  }
+  for (Variable* v : ts.optimizer->variables()) {
+    if (!ops::all_finite(v->tensor())) {
+      std::cerr << "BackupAndRestore: not backing up: optimizer variable '" << v->name()
+                << "' has non-finite values\n";
+      return;
+    }
+  }
   st.epoch = ts.epoch;
   st.step = ts.step_in_epoch;
   st.position = ts.data_position;
@@ -130,6 +146,30 @@ void BackupAndRestore::backup() {
   }
   st.manager->save();
   steps_since_backup_ = 0;
+}
+
+void BackupAndRestore::on_preemption(int64_t, int64_t) {
+  if (!state_) return;
+  backup();
+  if (state_->writer) state_->manager->sync();
+}
+
+bool BackupAndRestore::restore_last_good() {
+  if (!state_) return false;
+  // Restore into the live objects, keeping the data position: the batches that went bad are
+  // not replayed. Every worker restores the chief's newest committed backup.
+  State& st = *state_;
+  const int64_t epoch = st.epoch, step = st.step, seed = st.data_seed, has_seed = st.has_seed;
+  const data::IteratorState position = st.position;
+  std::optional<checkpoint::CheckpointLoadStatus> status;
+  if (st.writer) st.manager->sync();
+  status = st.ckpt->restore_latest(dir_);
+  st.epoch = epoch;
+  st.step = step;
+  st.position = position;
+  st.data_seed = seed;
+  st.has_seed = has_seed;
+  return status.has_value();
 }
 
 void BackupAndRestore::on_train_batch_end(int64_t, const Logs&) {

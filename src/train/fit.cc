@@ -9,7 +9,9 @@
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/sync_check.h"
+#include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/backup_and_restore.h"
+#include "dtrain/train/preemption.h"
 #include "dtrain/train/step_observer.h"
 #include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
@@ -71,8 +73,17 @@ void reset_metrics(train::TrainingState& s) {
   for (const auto& m : s.metrics) m->reset_state();
 }
 
+// True when every gradient is finite (undefined ones are skipped).
+bool all_finite(const std::vector<Tensor>& grads, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (grads[i].defined() && !ops::all_finite(grads[i])) return false;
+  }
+  return true;
+}
+
 // One optimization step on a batch: forward under a tape, loss, gradients, update.
-void train_step(Model& model, train::TrainingState& s, const Tensor& x, const Tensor& y) {
+void train_step(Model& model, train::TrainingState& s, const Tensor& x, const Tensor& y,
+                bool skip_nonfinite) {
   Tensor y_pred;
   Tensor loss;
   {
@@ -81,6 +92,9 @@ void train_step(Model& model, train::TrainingState& s, const Tensor& x, const Te
     loss = (*s.loss)(y, y_pred);
     tape.gradient(loss, s.trainable, s.grads);
   }
+  s.last_step_applied =
+      !skip_nonfinite || (ops::all_finite(loss) && all_finite(s.grads, s.grads.size()));
+  if (!s.last_step_applied) return;
   s.optimizer->apply_gradients(s.grads, s.trainable);
   const double batch = x.rank() > 0 ? static_cast<double>(x.dim(0)) : 1.0;
   s.loss_tracker.update_state(loss.item(), batch);
@@ -93,8 +107,8 @@ void train_step(Model& model, train::TrainingState& s, const Tensor& x, const Te
 // gradient of its loss scaled by (replica rows / global rows) on its own tape and thread, the
 // replicas' gradients are summed in replica order, then across workers, and every worker
 // applies the same update to its (identical) variables.
-void distributed_train_step(Model& model, train::TrainingState& s, const Tensor& x,
-                            const Tensor& y) {
+void distributed_train_step(Model& model, train::TrainingState& s, const Tensor& x, const Tensor& y,
+                            bool skip_nonfinite) {
   distribute::Strategy& st = *s.strategy;
   const int64_t global = x.dim(0);
   const int64_t workers = st.num_workers(), local = st.num_local_replicas();
@@ -158,7 +172,23 @@ void distributed_train_step(Model& model, train::TrainingState& s, const Tensor&
       sum.fill(0);
     }
   }
-  st.all_reduce_across_workers(s.grads, distribute::ReduceOp::kSum);
+  const size_t n = s.trainable.size();
+  if (workers > 1) {
+    // The preemption flag rides in the same all-reduce as the gradients (one more float in a
+    // bucket), so every worker learns at this step whether any of them must stop.
+    if (!s.stop_flag.defined()) s.stop_flag = Tensor(Shape{1});
+    s.stop_flag.fill(train::preemption_requested() ? 1.0 : 0.0);
+    s.grads.resize(n + 1);
+    s.grads[n] = s.stop_flag;
+    st.all_reduce_across_workers(s.grads, distribute::ReduceOp::kSum);
+    s.stop_agreed = s.stop_flag.data<float>()[0] > 0.0f;
+    s.grads.resize(n);
+  } else {
+    s.stop_agreed = train::preemption_requested();
+  }
+  // After the all-reduce every worker sees the same sums, so all skip (or apply) together.
+  s.last_step_applied = !skip_nonfinite || all_finite(s.grads, n);
+  if (!s.last_step_applied) return;
   s.optimizer->apply_gradients(s.grads, s.trainable);
   for (int64_t r = 0; r < local; ++r) {
     const train::TrainingState::Replica& rep = s.replicas[r];
@@ -324,6 +354,12 @@ train::History run_fit(Model& model,
   }
   bool out_of_data = false;
   int64_t global_step = 0;
+  int64_t nonfinite_in_a_row = 0;
+  for (const auto& cb : callbacks) {
+    if (dynamic_cast<train::BackupAndRestore*>(cb.get()) != nullptr) {
+      train::install_preemption_handler();
+    }
+  }
   std::vector<Variable*> sync_vars;
   if (options.verify_sync_every > 0) {
     sync_vars = model.weights();
@@ -361,9 +397,24 @@ train::History run_fit(Model& model,
         sync_initial_variables(model, s);
       }
       if (s.strategy != nullptr) {
-        distributed_train_step(model, s, e[0], e[1]);
+        distributed_train_step(model, s, e[0], e[1], options.skip_nonfinite);
       } else {
-        train_step(model, s, e[0], e[1]);
+        train_step(model, s, e[0], e[1], options.skip_nonfinite);
+        s.stop_agreed = train::preemption_requested();
+      }
+      if (!s.last_step_applied) {
+        ++nonfinite_in_a_row;
+        std::cerr << "fit: non-finite gradients at epoch " << epoch + 1 << " step " << step + 1
+                  << "; update skipped (" << nonfinite_in_a_row << " in a row)\n";
+        if (nonfinite_in_a_row >= options.rollback_after_nonfinite) {
+          bool restored = false;
+          for (const auto& cb : callbacks) restored = cb->restore_last_good() || restored;
+          std::cerr << (restored ? "fit: rolled back to the last good checkpoint\n"
+                                 : "fit: no checkpoint to roll back to (use save_checkpoints)\n");
+          nonfinite_in_a_row = 0;
+        }
+      } else {
+        nonfinite_in_a_row = 0;
       }
       ++step;
       ++global_step;
@@ -377,6 +428,15 @@ train::History run_fit(Model& model,
       fill_logs(s, logs);
       for (const auto& cb : callbacks) cb->on_train_batch_end(step - 1, logs);
       bar.update(step, logs);
+      if (s.stop_agreed) {
+        // Preempted: every worker stops after this same step; callbacks save; then exit.
+        for (const auto& cb : callbacks) cb->on_preemption(epoch, step);
+        const int code = train::preemption_exit_code();
+        std::fflush(stdout);
+        std::cerr << "fit: preempted (SIGTERM) at epoch " << epoch + 1 << " step " << step
+                  << "; state saved by callbacks; exiting with code " << code << "\n";
+        std::exit(code);
+      }
       if (s.stop_training) break;
     }
     DTRAIN_CHECK(step > 0 || out_of_data, "fit: the training dataset is empty");

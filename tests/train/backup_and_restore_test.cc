@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 
+#include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/core/random.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/ops/tensor_ops.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/training.h"
 
@@ -119,6 +122,75 @@ TEST_F(BackupAndRestoreTest, RepeatedCrashesStillConverge) {
   const std::vector<Tensor> resumed = train(d, dir_, -1, 2);
   ASSERT_EQ(resumed.size(), reference.size());
   for (size_t i = 0; i < reference.size(); ++i) EXPECT_TRUE(resumed[i].equals(reference[i]));
+}
+
+}  // namespace
+}  // namespace dtrain::train
+
+namespace dtrain::train {
+namespace {
+
+// A step whose gradients are non-finite is skipped; three in a row roll back to the last backup.
+TEST_F(BackupAndRestoreTest, NonFiniteStepsAreSkippedAndRolledBack) {
+  Data d = make_data(160);  // 10 batches of 16 per epoch
+  // Batches are not shuffled below; poison rows of batches 6, 7 and 8 (0-based) of epoch 1.
+  for (int64_t row : {6 * 16 + 1, 7 * 16 + 2, 8 * 16 + 3}) d.x.data<float>()[row * 6] = NAN;
+  set_random_seed(5);
+  nn::Sequential model(
+      {nn::Dense(8, {.activation = "relu", .input_shape = Shape{6}}), nn::Dense(3)});
+  model.compile(
+      {.optimizer = "adam", .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
+  std::vector<Tensor> at_backup;
+  int64_t steps = 0;
+  auto watch = std::make_shared<LambdaCallback>(
+      LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
+        ++steps;
+        if (steps == 4) {  // the backup after step 4 is the last good one before the poison
+          for (Variable* v : model.weights()) at_backup.push_back(v->tensor().clone());
+        }
+        for (Variable* v : model.weights()) ASSERT_TRUE(ops::all_finite(v->tensor())) << steps;
+      }});
+  testing::internal::CaptureStderr();
+  const auto h = model.fit(d.x, d.y,
+                           {.epochs = 1,
+                            .batch_size = 16,
+                            .shuffle = false,
+                            .verbose = 0,
+                            .callbacks = {std::make_shared<BackupAndRestore>(
+                                              dir_, BackupAndRestoreOptions{.save_freq = 4}),
+                                          watch},
+                            .skip_nonfinite = true,
+                            .rollback_after_nonfinite = 3});
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("update skipped (3 in a row)"), std::string::npos) << err;
+  EXPECT_NE(err.find("rolled back to the last good checkpoint"), std::string::npos) << err;
+  EXPECT_TRUE(std::isfinite(h.last("loss")));
+  EXPECT_EQ(model.optimizer()->iterations(), 7);  // 10 steps, 3 skipped
+  ASSERT_FALSE(at_backup.empty());
+}
+
+TEST_F(BackupAndRestoreTest, NonFiniteStateIsNeverBackedUp) {
+  const Data d = make_data(64);
+  set_random_seed(6);
+  nn::Sequential model({nn::Dense(3, {.input_shape = Shape{6}})});
+  model.compile(
+      {.optimizer = "sgd", .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
+  auto poison = std::make_shared<LambdaCallback>(
+      LambdaCallbackOptions{.on_batch_end = [&](int64_t b, const nn::Logs&) {
+        if (b == 1) model.weights()[0]->tensor().data<float>()[0] = NAN;
+      }});
+  testing::internal::CaptureStderr();
+  model.fit(d.x, d.y,
+            {.epochs = 1,
+             .batch_size = 16,
+             .verbose = 0,
+             .callbacks = {poison, std::make_shared<BackupAndRestore>(
+                                       dir_, BackupAndRestoreOptions{
+                                                 .save_freq = 1, .delete_checkpoint = false})}});
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("not backing up"), std::string::npos) << err;
+  // Only the backup of step 1 (before the poison) exists.
+  EXPECT_EQ(checkpoint::latest_checkpoint(dir_).value_or(""), dir_ + "/backup-1");
 }
 
 }  // namespace

@@ -41,10 +41,15 @@ class BackupAndRestore : public Callback {
   void on_train_batch_end(int64_t batch, const Logs& logs) override;
   void on_epoch_end(int64_t epoch, const Logs& logs) override;
   void on_train_end(const Logs& logs) override;
+  // Backs up and waits for the commit (preemption: the process exits next).
+  void on_preemption(int64_t epoch, int64_t step_in_epoch) override;
+  // Restores the model and optimizer (not the data position) from the newest backup.
+  bool restore_last_good() override;
 
   // The checkpoint restored at the start of the last fit(), if any.
   const std::optional<std::string>& restored_from() const { return restored_from_; }
-  // Backs up now (also used on preemption). Blocks until committed unless enable_async.
+  // Backs up now (also used on preemption). Blocks until committed unless enable_async. A state
+  // with non-finite weights or optimizer values is never written (a warning says so).
   void backup();
 
  private:

@@ -37,6 +37,12 @@ class Callback {
   virtual void on_test_begin(const Logs& /*logs*/) {}
   virtual void on_test_end(const Logs& /*logs*/) {}
   virtual void on_test_batch_end(int64_t /*batch*/, const Logs& /*logs*/) {}
+  // The process is being preempted (SIGTERM) after this step: save what must survive now;
+  // fit() exits the process when every callback has returned (see train/preemption.h).
+  virtual void on_preemption(int64_t /*epoch*/, int64_t /*step_in_epoch*/) {}
+  // fit() saw too many non-finite steps in a row: put the model and optimizer back to the last
+  // good state if you can. Returns whether it did (BackupAndRestore does).
+  virtual bool restore_last_good() { return false; }
 
  private:
   nn::Model* model_ = nullptr;

@@ -90,6 +90,13 @@ struct FitOptions {
   // Write TensorBoard event files (loss, metrics, learning rate, steps/s) under this directory
   // (the TensorBoard callback, chief only). Empty: none.
   std::string logdir = "";
+  // Non-finite loss or gradients. Off (Keras's behaviour: NaN propagates; TerminateOnNaN stops
+  // training): with skip_nonfinite, a step whose gradients (after the all-reduce) are not all
+  // finite applies no update and is left out of the metrics; after rollback_after_nonfinite
+  // such steps in a row, the model and optimizer are restored from the newest backup
+  // (save_checkpoints / BackupAndRestore) and training continues with the next batches.
+  bool skip_nonfinite = false;
+  int64_t rollback_after_nonfinite = 3;
   // Under a multi-worker strategy: every this many steps, compare a checksum of every model and
   // optimizer variable across workers and fail (InternalError naming the first diverging
   // variable) if any differs. 0: never.
@@ -154,6 +161,12 @@ class TrainingState {
   // Reused every step so that the hot loop does not allocate.
   std::vector<Variable*> trainable;
   std::vector<Tensor> grads;
+  // A one-element tensor all-reduced with the gradients: > 0 when any worker was asked to stop
+  // (preemption), so that all workers stop after the same step.
+  Tensor stop_flag;
+  bool stop_agreed = false;
+  // Whether the last step's update was applied (false: skipped for non-finite gradients).
+  bool last_step_applied = true;
   // Per local replica: gradients, loss, predictions and the batch slice of the last step.
   struct Replica {
     std::vector<Tensor> grads;

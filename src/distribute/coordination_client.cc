@@ -263,12 +263,18 @@ std::map<std::string, milliseconds> CoordinationClient::heartbeat_ages() {
 bool CoordinationClient::heartbeat_failed() const { return impl_->heartbeat_failed; }
 
 Membership CoordinationClient::join(const std::string& member, int count, milliseconds timeout) {
+  return join(member, JoinOptions{.max_members = count, .timeout = timeout});
+}
+
+Membership CoordinationClient::join(const std::string& member, const JoinOptions& options) {
   pb::JoinRequest req;
   req.set_member(member);
-  req.set_count(count);
-  req.set_timeout_ms(clamp_timeout(timeout).count());
+  req.set_count(options.max_members);
+  req.set_min_count(options.min_members);
+  req.set_settle_ms(clamp_timeout(options.settle).count());
+  req.set_timeout_ms(clamp_timeout(options.timeout).count());
   pb::JoinResponse resp;
-  impl_->call("join", impl_->wait_deadline(timeout),
+  impl_->call("join", impl_->wait_deadline(options.timeout),
               [&](grpc::ClientContext* c) { return impl_->stub->Join(c, req, &resp); });
   return {.generation = resp.generation(),
           .members = {resp.members().begin(), resp.members().end()}};
@@ -280,7 +286,17 @@ Membership CoordinationClient::membership() {
   impl_->call("membership", impl_->options.rpc_timeout,
               [&](grpc::ClientContext* c) { return impl_->stub->GetMembership(c, req, &resp); });
   return {.generation = resp.generation(),
-          .members = {resp.members().begin(), resp.members().end()}};
+          .members = {resp.members().begin(), resp.members().end()},
+          .joining = {resp.joining().begin(), resp.joining().end()}};
+}
+
+std::map<std::string, std::string> CoordinationClient::get_prefix(const std::string& prefix) {
+  pb::GetPrefixRequest req;
+  req.set_prefix(prefix);
+  pb::GetPrefixResponse resp;
+  impl_->call("get_prefix '" + prefix + "'", impl_->options.rpc_timeout,
+              [&](grpc::ClientContext* c) { return impl_->stub->GetPrefix(c, req, &resp); });
+  return {resp.values().begin(), resp.values().end()};
 }
 
 int64_t CoordinationClient::generation() { return membership().generation; }

@@ -69,7 +69,11 @@ class Service final : public pb::Coordination::Service {
   grpc::Status Join(grpc::ServerContext*, const pb::JoinRequest* req,
                     pb::JoinResponse* resp) override {
     return serve([&] {
-      to_proto(state_.join(req->member(), req->count(), milliseconds(req->timeout_ms())), resp);
+      to_proto(state_.join(req->member(), {.max_members = req->count(),
+                                           .min_members = req->min_count(),
+                                           .settle = milliseconds(req->settle_ms()),
+                                           .timeout = milliseconds(req->timeout_ms())}),
+               resp);
     });
   }
   grpc::Status GetMembership(grpc::ServerContext*, const pb::GetMembershipRequest*,
@@ -77,10 +81,18 @@ class Service final : public pb::Coordination::Service {
     return serve([&] { to_proto(state_.membership(), resp); });
   }
 
+  grpc::Status GetPrefix(grpc::ServerContext*, const pb::GetPrefixRequest* req,
+                         pb::GetPrefixResponse* resp) override {
+    return serve([&] {
+      for (auto& [k, v] : state_.get_prefix(req->prefix())) (*resp->mutable_values())[k] = v;
+    });
+  }
+
  private:
   static void to_proto(const Membership& m, pb::JoinResponse* resp) {
     resp->set_generation(m.generation);
     for (const auto& member : m.members) resp->add_members(member);
+    for (const auto& member : m.joining) resp->add_joining(member);
   }
 
   CoordinationState& state_;

@@ -145,52 +145,83 @@ std::map<std::string, std::chrono::milliseconds> CoordinationState::heartbeat_ag
   return ages;
 }
 
-Membership CoordinationState::join(const std::string& member, int count,
-                                   std::chrono::milliseconds timeout) {
+Membership CoordinationState::join(const std::string& member, const JoinOptions& options) {
+  const int count = options.max_members;
+  const int min_count = options.min_members == 0 ? count : options.min_members;
   DTRAIN_CHECK(count >= 1, "coordination join: count must be >= 1, got ", count);
+  DTRAIN_CHECK(min_count >= 1 && min_count <= count, "coordination join: min_members ",
+               options.min_members, " is not in [1, ", count, "]");
   DTRAIN_CHECK(!member.empty(), "coordination join: empty member id");
-  const auto deadline = deadline_after(timeout);
+  const auto deadline = deadline_after(options.timeout);
   std::unique_lock lock(mu_);
   check_running();
-  if (!pending_.empty() && pending_count_ != count) {
-    throw InvalidArgumentError(str_cat("coordination join: '", member, "' expects ", count,
-                                       " members but the round being formed expects ",
-                                       pending_count_, " (", join_names(pending_), ")"));
+  if (!pending_.empty() && (pending_count_ != count || pending_min_ != min_count)) {
+    throw InvalidArgumentError(str_cat("coordination join: '", member, "' expects ", min_count,
+                                       "..", count, " members but the round being formed expects ",
+                                       pending_min_, "..", pending_count_, " (",
+                                       join_names(pending_), ")"));
   }
   pending_count_ = count;
+  pending_min_ = min_count;
+  pending_settle_ = std::chrono::duration_cast<Clock::duration>(
+      std::clamp(options.settle, std::chrono::milliseconds(0),
+                 std::chrono::milliseconds(std::chrono::hours(1))));
   pending_.insert(member);
+  last_arrival_ = Clock::now();
   const int64_t target = generation_ + 1;
-  if (static_cast<int>(pending_.size()) == count) {
-    Membership m{.generation = target, .members = {pending_.begin(), pending_.end()}};
-    rounds_[target] = m;
-    while (rounds_.size() > kRoundsKept) rounds_.erase(rounds_.begin());
-    generation_ = target;
-    pending_.clear();
-    pending_count_ = 0;
-    lock.unlock();
-    changed_.notify_all();
-    return m;
-  }
-  changed_.wait_until(lock, deadline, [&] { return stopped_ || generation_ >= target; });
-  if (generation_ >= target) {
-    const auto it = rounds_.find(target);
-    DTRAIN_INTERNAL_CHECK(it != rounds_.end(), "membership round ", target, " forgotten");
-    return it->second;
+  changed_.notify_all();  // waiters of an elastic round restart their settle time
+  while (true) {
+    if (generation_ >= target) {
+      const auto it = rounds_.find(target);
+      DTRAIN_INTERNAL_CHECK(it != rounds_.end(), "membership round ", target, " forgotten");
+      return it->second;
+    }
+    const int n = static_cast<int>(pending_.size());
+    const auto now = Clock::now();
+    if (n == count || (n >= min_count && now >= last_arrival_ + pending_settle_)) {
+      Membership m{.generation = target, .members = {pending_.begin(), pending_.end()}};
+      rounds_[target] = m;
+      while (rounds_.size() > kRoundsKept) rounds_.erase(rounds_.begin());
+      generation_ = target;
+      pending_.clear();
+      pending_count_ = 0;
+      pending_min_ = 0;
+      lock.unlock();
+      changed_.notify_all();
+      return m;
+    }
+    if (stopped_ || now >= deadline) break;
+    auto wake = deadline;
+    if (n >= min_count) wake = std::min(wake, last_arrival_ + pending_settle_);
+    changed_.wait_until(lock, wake);
   }
   const std::string joined = join_names(pending_);
   const size_t n = pending_.size();
   pending_.erase(member);
-  if (pending_.empty()) pending_count_ = 0;
+  if (pending_.empty()) pending_count_ = pending_min_ = 0;
   check_running();
   throw DeadlineExceededError(str_cat("coordination join: ", n, " of ", count,
                                       " members joined generation ", target, " within ",
-                                      timeout.count(), " ms (", joined, ")"));
+                                      options.timeout.count(), " ms (", joined, ")"));
 }
 
 Membership CoordinationState::membership() const {
   std::lock_guard lock(mu_);
   const auto it = rounds_.find(generation_);
-  return it == rounds_.end() ? Membership{} : it->second;
+  Membership m = it == rounds_.end() ? Membership{} : it->second;
+  m.joining.assign(pending_.begin(), pending_.end());
+  return m;
+}
+
+std::map<std::string, std::string> CoordinationState::get_prefix(const std::string& prefix) const {
+  std::lock_guard lock(mu_);
+  check_running();
+  std::map<std::string, std::string> out;
+  for (auto it = values_.lower_bound(prefix);
+       it != values_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
+    out.emplace(it->first, it->second);
+  }
+  return out;
 }
 
 void CoordinationState::stop() {

@@ -36,8 +36,11 @@ class CoordinationState {
   int64_t heartbeat(const std::string& task);
   std::map<std::string, std::chrono::milliseconds> heartbeat_ages() const;
   // Joins the next membership round (see CoordinationClient::join).
-  Membership join(const std::string& member, int count, std::chrono::milliseconds timeout);
+  Membership join(const std::string& member, const JoinOptions& options);
+  // The last completed round, with `joining` = the members of the round being formed.
   Membership membership() const;
+  // Every key starting with `prefix`, and its value.
+  std::map<std::string, std::string> get_prefix(const std::string& prefix) const;
 
   // Wakes every waiter with UnavailableError and refuses further calls. Idempotent.
   void stop();
@@ -63,7 +66,10 @@ class CoordinationState {
   std::map<int64_t, Membership> rounds_;
   int64_t generation_ = 0;
   std::set<std::string> pending_;
-  int pending_count_ = 0;
+  int pending_count_ = 0;             // max members of the round being formed
+  int pending_min_ = 0;               // min members of the round being formed
+  Clock::duration pending_settle_{};  // settle time of the round being formed
+  Clock::time_point last_arrival_{};  // when the latest member joined it
 };
 
 }  // namespace dtrain::distribute

@@ -32,9 +32,22 @@ namespace dtrain::distribute {
 struct Membership {
   int64_t generation = 0;            // 1 for the first round; 0: no round completed yet
   std::vector<std::string> members;  // the members' ids, sorted (std::string order)
+  // membership() only: the members waiting in the round being formed (sorted), so a running
+  // group can see that someone wants in (elastic scale-up). Empty in join()'s answer.
+  std::vector<std::string> joining = {};
 
   // Index of `member` in `members`, or -1.
   int index_of(const std::string& member) const;
+};
+
+// A membership round that may close with fewer than the most members (elastic jobs).
+struct JoinOptions {
+  int max_members = 1;  // the round closes as soon as this many members joined
+  // 0: max_members (a fixed-size round). Otherwise the round also closes once at least this
+  // many joined and nobody else arrived for `settle`.
+  int min_members = 0;
+  std::chrono::milliseconds settle = std::chrono::seconds(0);    // see min_members
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);  // how long join() waits
 };
 
 struct CoordinationServerOptions {
@@ -117,6 +130,9 @@ class CoordinationClient final : public KeyValueStore {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   bool check(std::span<const std::string> keys) override;
+  // Every key that starts with `prefix` and its value, now (does not wait; one RPC, so a
+  // launcher can read all workers' progress keys at once). Blocks up to rpc_timeout.
+  std::map<std::string, std::string> get_prefix(const std::string& prefix);
   void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) override;
   // The service's address, "host:port" (the form DTRAIN_RDZV takes).
   std::string describe() const override;
@@ -141,7 +157,14 @@ class CoordinationClient final : public KeyValueStore {
   // to `timeout`, then throws DeadlineExceededError naming who joined, and leaves the round.
   // Throws InvalidArgumentError when members disagree on `count`.
   Membership join(const std::string& member, int count, std::chrono::milliseconds timeout);
-  // The last completed round (generation 0 before the first); does not block beyond rpc_timeout.
+  // The same with an elastic round: returns when the round closed (options.max_members joined,
+  // or at least options.min_members and nobody else for options.settle). Every member of the
+  // round gets the same Membership. Blocks up to options.timeout, then throws
+  // DeadlineExceededError naming who joined. Throws InvalidArgumentError when members disagree
+  // on the counts, or min_members > max_members.
+  Membership join(const std::string& member, const JoinOptions& options);
+  // The last completed round (generation 0 before the first), with `joining` filled in; does not
+  // block beyond rpc_timeout.
   Membership membership();
   // membership().generation.
   int64_t generation();

@@ -15,6 +15,7 @@
 #include "dtrain/train/step_observer.h"
 #include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
+#include "fit_parameter_server.h"
 #include "progress_bar.h"
 
 namespace dtrain::train {
@@ -294,6 +295,10 @@ train::History run_fit(Model& model,
                        const std::function<data::Dataset(std::optional<uint64_t>)>& make_dataset,
                        std::optional<uint64_t> data_seed, const train::FitOptions& options) {
   train::TrainingState& s = state_of(model, "fit");
+  if (train::detail::is_parameter_server_strategy(s.strategy)) {
+    // Parameter servers hold the variables: src/train/fit_parameter_server.cc.
+    return train::detail::fit_parameter_server(model, make_dataset, data_seed, options);
+  }
   DTRAIN_CHECK(options.epochs >= 0 && options.initial_epoch >= 0, "fit: epochs (", options.epochs,
                ") and initial_epoch (", options.initial_epoch, ") must be non-negative");
   DTRAIN_CHECK(!options.steps_per_epoch || *options.steps_per_epoch > 0,

@@ -1,11 +1,14 @@
 // BackupAndRestore: the state fit() needs to resume exactly, tracked by one Checkpoint.
 #include "dtrain/train/backup_and_restore.h"
 
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/checkpoint_manager.h"
+#include "dtrain/distribute/coordination.h"
+#include "dtrain/distribute/launcher_env.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/training.h"
@@ -87,6 +90,28 @@ void BackupAndRestore::attach() {
                                            .checkpoint_name = "backup"});
 }
 
+namespace {
+
+// Under dtrain launch with a coordination service, tells the launcher where this worker
+// resumed ("resumed/<generation>/<rank>" = the global step), so its restart report can say how
+// much work was lost. Best effort: a failure to report never stops training.
+void report_resume_to_launcher(const std::string& path, int64_t global_step) {
+  try {
+    if (!distribute::LauncherEnv::present()) return;
+    const distribute::LauncherEnv env = distribute::LauncherEnv::from_environment();
+    if (!env.rdzv_is_coordinator()) return;
+    distribute::CoordinationClient client(env.rdzv, {.connect_timeout = std::chrono::seconds(5),
+                                                     .rpc_timeout = std::chrono::seconds(5)});
+    client.set(str_cat("resumed/", env.generation, "/", env.rank), std::to_string(global_step));
+    client.set(str_cat("resumed_from/", env.generation, "/", env.rank), path);
+  } catch (const Error& e) {
+    std::cerr << "BackupAndRestore: could not report the resume point to the launcher: " << e.what()
+              << "\n";
+  }
+}
+
+}  // namespace
+
 void BackupAndRestore::on_train_begin(const Logs&) {
   attach();
   steps_since_backup_ = 0;
@@ -110,6 +135,7 @@ void BackupAndRestore::on_train_begin(const Logs&) {
   if (st.has_seed) ts.resume.data_seed = static_cast<uint64_t>(st.data_seed);
   std::cerr << "BackupAndRestore: resumed from " << *restored_from_ << " at epoch " << st.epoch + 1
             << ", step " << st.step << "\n";
+  report_resume_to_launcher(*restored_from_, ts.optimizer->iterations());
 }
 
 void BackupAndRestore::backup() {

@@ -492,26 +492,29 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   return out;
 }
 
-Tensor sparse_softmax_cross_entropy_with_logits(const Tensor& labels, const Tensor& logits) {
+namespace {
+// The two softmax cross-entropies: the kernel computes the loss and, when recording, the
+// probabilities its backward needs.
+using XentKernel = Tensor (*)(const Tensor& logits, const Tensor& labels, Tensor* probs);
+Tensor record_xent(XentKernel kernel, detail::BackwardFn backward, const Tensor& labels,
+                   const Tensor& logits) {
   Tape* t = recording_tape(logits);
   Tensor probs;
-  Tensor loss = ops::sparse_softmax_cross_entropy(logits, labels, t ? &probs : nullptr);
+  Tensor loss = kernel(logits, labels, t ? &probs : nullptr);
   if (t == nullptr) return loss;
-  Node& n = t->record(sparse_xent_backward, loss, t->node_of(logits));
+  Node& n = t->record(backward, loss, t->node_of(logits));
   n.saved[0] = std::move(probs);
   n.saved[1] = stop_gradient(labels);
   return loss;
 }
+}  // namespace
+
+Tensor sparse_softmax_cross_entropy_with_logits(const Tensor& labels, const Tensor& logits) {
+  return record_xent(ops::sparse_softmax_cross_entropy, sparse_xent_backward, labels, logits);
+}
 
 Tensor softmax_cross_entropy_with_logits(const Tensor& labels, const Tensor& logits) {
-  Tape* t = recording_tape(logits);
-  Tensor probs;
-  Tensor loss = ops::softmax_cross_entropy(logits, labels, t ? &probs : nullptr);
-  if (t == nullptr) return loss;
-  Node& n = t->record(xent_backward, loss, t->node_of(logits));
-  n.saved[0] = std::move(probs);
-  n.saved[1] = stop_gradient(labels);
-  return loss;
+  return record_xent(ops::softmax_cross_entropy, xent_backward, labels, logits);
 }
 
 Tensor sigmoid_cross_entropy_with_logits(const Tensor& labels, const Tensor& logits) {

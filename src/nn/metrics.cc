@@ -63,15 +63,11 @@ int64_t row_argmax(const double* x, int64_t cols) {
 // ---------------------------------------------------------------------------------------------
 // Mean.
 
-void Mean::update_state(double value, double weight) {
-  total_ += value * weight;
-  count_ += weight;
-}
-
 void Mean::update_state(const Tensor& values) {
   check_defined(values, name(), "values");
-  for (double v : as_doubles(values, name())) total_ += v;
-  count_ += static_cast<double>(values.num_elements());
+  double total = 0;
+  for (double v : as_doubles(values, name())) total += v;
+  add(total, static_cast<double>(values.num_elements()));
 }
 
 void Mean::update_state(const Tensor& /*y_true*/, const Tensor& y_pred) { update_state(y_pred); }

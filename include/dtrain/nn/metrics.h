@@ -38,38 +38,14 @@ class Metric {
   std::string name_;
 };
 
-// A weighted mean, total / count (keras.metrics.Mean); fit() tracks the loss with one.
-class Mean : public Metric {
- public:
-  explicit Mean(std::string name = "mean") : Metric(std::move(name)) {}
-  // Adds `value` with weight `weight`.
-  void update_state(double value, double weight = 1.0);
-  // Adds every element of `values` (any numeric dtype) with weight 1.
-  void update_state(const Tensor& values);
-  // Adds the elements of y_pred with weight 1; y_true is ignored (Mean has no labels).
-  void update_state(const Tensor& y_true, const Tensor& y_pred) override;
-  double result() const override { return count_ == 0 ? 0.0 : total_ / count_; }
-  void reset_state() override { total_ = count_ = 0; }
-  // The accumulated state, for summing across replicas.
-  double total() const { return total_; }
-  double count() const { return count_; }
-  std::pair<double, double> state() const override { return {total_, count_}; }
-  void set_state(double total, double count) override {
-    total_ = total;
-    count_ = count;
-  }
-
- private:
-  double total_ = 0;
-  double count_ = 0;
-};
-
-// The mean of a per-example match value (Keras's MeanMetricWrapper): total matches / examples.
-class MeanMetricWrapper : public Metric {
+// The state every metric here keeps: a weighted total and a count, with result total / count
+// (0 when nothing was added, Keras's divide_no_nan).
+class WeightedMean : public Metric {
  public:
   using Metric::Metric;
   double result() const override { return count_ == 0 ? 0.0 : total_ / count_; }
   void reset_state() override { total_ = count_ = 0; }
+  // The accumulated state, for summing across replicas.
   double total() const { return total_; }
   double count() const { return count_; }
   std::pair<double, double> state() const override { return {total_, count_}; }
@@ -87,6 +63,24 @@ class MeanMetricWrapper : public Metric {
  private:
   double total_ = 0;
   double count_ = 0;
+};
+
+// A weighted mean of values (keras.metrics.Mean); fit() tracks the loss with one.
+class Mean : public WeightedMean {
+ public:
+  explicit Mean(std::string name = "mean") : WeightedMean(std::move(name)) {}
+  // Adds `value` with weight `weight`.
+  void update_state(double value, double weight = 1.0) { add(value * weight, weight); }
+  // Adds every element of `values` (any numeric dtype) with weight 1.
+  void update_state(const Tensor& values);
+  // Adds the elements of y_pred with weight 1; y_true is ignored (Mean has no labels).
+  void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+};
+
+// The mean of a per-example match value (Keras's MeanMetricWrapper): total matches / examples.
+class MeanMetricWrapper : public WeightedMean {
+ public:
+  using WeightedMean::WeightedMean;
 };
 
 // argmax(y_pred) == y_true per example. y_pred [B, C] (or [..., C]) float32; y_true [B] or

@@ -139,11 +139,16 @@ class Service final : public pb::ParameterServer::Service {
     return serve_call([&] {
       check_protocol(req->protocol(), kParameterServerProtocol, "parameter server");
       std::shared_lock lock(s_.mu);
-      s_.check_ready(req->signature());
+      s_.check_ready("");
+      std::vector<Variable*> found;
       for (const pb::VariableSpecProto& spec : req->specs()) {
         const Shape shape = shape_of(spec.shape());
-        Variable& v = s_.find(spec.name(), &shape, spec.dtype());
-        to_proto(v.tensor(), spec.name(), resp->add_values());
+        found.push_back(&s_.find(spec.name(), &shape, spec.dtype()));
+      }
+      // Shapes first (the precise message), then the whole model's signature.
+      s_.check_ready(req->signature());
+      for (int i = 0; i < req->specs_size(); ++i) {
+        to_proto(found[static_cast<size_t>(i)]->tensor(), req->specs(i).name(), resp->add_values());
       }
       resp->set_version(s_.version);
       resp->set_incarnation(s_.incarnation);
@@ -159,7 +164,7 @@ class Service final : public pb::ParameterServer::Service {
       grads.reserve(static_cast<size_t>(req->gradients_size()));
       for (const pb::TensorProto& g : req->gradients()) grads.push_back(from_proto(g, s_.who()));
       std::unique_lock lock(s_.mu);
-      s_.check_ready(req->signature());
+      s_.check_ready("");
       if (req->incarnation() != 0 && req->incarnation() != s_.incarnation) {
         throw UnavailableError(str_cat(s_.who(), " restarted since the worker pulled"));
       }
@@ -168,6 +173,7 @@ class Service final : public pb::ParameterServer::Service {
         const pb::TensorProto& g = req->gradients(static_cast<int>(i));
         targets.push_back(&s_.find(g.name(), &grads[i].shape(), g.dtype()));
       }
+      s_.check_ready(req->signature());
       const int64_t staleness = std::max<int64_t>(0, s_.version - req->pulled_version());
       resp->set_staleness(staleness);
       if (req->num_parts() <= 0) {

@@ -89,7 +89,9 @@ int run(const Flags& f) {
     options.checkpoint_every = f.ckpt_every;
   }
   const train::History h = model.fit(fm.x_train, fm.y_train, options);
-  if (!strategy->is_chief()) return 0;
+  // MultiWorkerMirrored evaluates on every worker (its metrics are all-reduced); a
+  // ParameterServerStrategy worker's fit returned when the chief was done.
+  if (!strategy->is_chief() && ps != nullptr) return 0;
   if (ps != nullptr) {
     std::printf("ps versions:");
     for (const auto& s : ps->server_stats())
@@ -99,6 +101,7 @@ int run(const Flags& f) {
                 h.last("pull_ms"), h.last("push_ms"));
   }
   const nn::Logs test = model.evaluate(fm.x_test, fm.y_test, {.batch_size = 256});
+  if (!strategy->is_chief()) return 0;
   std::printf("test_accuracy %.4f\n", test.at("accuracy"));
   if (!f.out.empty()) {
     std::ofstream out(f.out, std::ios::binary);

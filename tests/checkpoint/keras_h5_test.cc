@@ -16,9 +16,14 @@
 #include <sstream>
 
 #include "dtrain/core/error.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
 namespace {
+
+using dtrain::testutil::read_bytes;
+using dtrain::testutil::TempDir;
+using dtrain::testutil::write_bytes;
 
 namespace fs = std::filesystem;
 
@@ -26,38 +31,6 @@ const std::string kFixtureDir = "../shared/fixtures/keras_h5/mnist_mlp_keras212/
 const std::string kFixture = kFixtureDir + "mnist_model.h5";
 
 // A fresh directory, removed with everything in it at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "keras_h5_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-  // Names of the entries in the directory.
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 // A CSV of floats as rows of columns.
 std::vector<std::vector<double>> read_csv(const std::string& path) {

@@ -20,32 +20,17 @@
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/checkpoint_manager.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
+#include "testutil/run_dtrain.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using namespace dtrain;
-
-struct Result {
-  int code;
-  std::string output;  // stdout, or stdout and stderr together
-};
-
+using dtrain::testutil::contains;
+using Result = dtrain::testutil::CommandResult;
 Result run(const std::string& args, bool with_stderr = true) {
-  const std::string cmd =
-      std::string(DTRAIN_BINARY_DIR) + "/dtrain " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return dtrain::testutil::run_dtrain(args, with_stderr);
 }
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using namespace dtrain;
 
 const std::string kFixtures = "../shared/fixtures/";
 const std::string kLso = kFixtures + "tf_checkpoints/keras_lso_two_shards/ckpt";

@@ -9,25 +9,13 @@
 #include <fstream>
 #include <string>
 
+#include "testutil/run_dtrain.h"
+
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(DTRAIN_BINARY_DIR) + "/dtrain " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = dtrain::testutil::CommandResult;
+Result run(const std::string& args) { return dtrain::testutil::run_dtrain(args); }
 
 class CliTest : public ::testing::Test {
  protected:
@@ -40,8 +28,8 @@ class CliTest : public ::testing::Test {
   // Writes a tiny IDX data set: n images of 4x4 uint8 and n labels.
   void write_idx(const std::string& images, const std::string& labels, int n, int label_value) {
     std::ofstream im(dir_ / images, std::ios::binary), lb(dir_ / labels, std::ios::binary);
-    const unsigned char ih[] = {0, 0, 8, 3, 0, 0, 0, static_cast<unsigned char>(n), 0, 0, 0, 4,
-                                0, 0, 0, 4};
+    const unsigned char ih[] = {0, 0, 8, 3, 0, 0, 0, static_cast<unsigned char>(n),
+                                0, 0, 0, 4, 0, 0, 0, 4};
     im.write(reinterpret_cast<const char*>(ih), sizeof ih);
     for (int i = 0; i < n * 16; ++i) im.put(static_cast<char>(i % 251));
     const unsigned char lh[] = {0, 0, 8, 1, 0, 0, 0, static_cast<unsigned char>(n)};
@@ -77,8 +65,8 @@ TEST_F(CliTest, TrainsOnIdxFilesByPath) {
 TEST_F(CliTest, TruncatedIdxIsDataLoss) {
   write_idx("x.idx", "y.idx", 60, -1);
   fs::resize_file(dir_ / "x.idx", 16 + 100);
-  const Result r = run("fit --train-images " + path("x.idx") + " --train-labels " +
-                       path("y.idx") + " --verbose 0");
+  const Result r = run("fit --train-images " + path("x.idx") + " --train-labels " + path("y.idx") +
+                       " --verbose 0");
   EXPECT_EQ(r.code, 4) << r.output;
   EXPECT_NE(r.output.find("DATA_LOSS"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("x.idx"), std::string::npos) << r.output;
@@ -106,8 +94,8 @@ TEST_F(CliTest, LabelOutOfRangeForTheModel) {
   std::ofstream(dir_ / "m.json") << R"({"class_name": "Sequential", "config": {"layers": [
     {"class_name": "Flatten", "config": {"batch_input_shape": [null, 4, 4]}},
     {"class_name": "Dense", "config": {"units": 3}}]}})";
-  const Result r = run("fit --train-images " + path("x.idx") + " --train-labels " +
-                       path("y.idx") + " --model " + path("m.json") + " --verbose 0");
+  const Result r = run("fit --train-images " + path("x.idx") + " --train-labels " + path("y.idx") +
+                       " --model " + path("m.json") + " --verbose 0");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("label 7"), std::string::npos) << r.output;
 }
@@ -116,8 +104,8 @@ TEST_F(CliTest, ModelDataShapeMismatch) {
   write_idx("x.idx", "y.idx", 32, -1);
   std::ofstream(dir_ / "m.json") << R"({"class_name": "Sequential", "config": {"layers": [
     {"class_name": "Dense", "config": {"units": 3, "batch_input_shape": [null, 784]}}]}})";
-  const Result r = run("fit --train-images " + path("x.idx") + " --train-labels " +
-                       path("y.idx") + " --model " + path("m.json") + " --verbose 0");
+  const Result r = run("fit --train-images " + path("x.idx") + " --train-labels " + path("y.idx") +
+                       " --model " + path("m.json") + " --verbose 0");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("784"), std::string::npos) << r.output;
 }

@@ -26,41 +26,20 @@
 #include "dtrain/optim/rmsprop.h"
 #include "dtrain/optim/sgd.h"
 #include "dtrain/train/training.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::train {
 namespace {
+
+using dtrain::testutil::read_bytes;
+using dtrain::testutil::TempDir;
+using dtrain::testutil::write_bytes;
 
 namespace fs = std::filesystem;
 namespace ck = dtrain::checkpoint;
 
 const std::string kFixtureDir = "../shared/fixtures/keras_h5/mnist_mlp_keras212/";
 const std::string kFixture = kFixtureDir + "mnist_model.h5";
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "saving_test.XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::vector<double>> read_csv(const std::string& path) {
   std::ifstream in(path);

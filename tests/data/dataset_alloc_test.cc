@@ -11,24 +11,11 @@
 
 #include "dtrain/core/random.h"
 #include "dtrain/data/dataset.h"
-
-// GCC flags free() on memory from (our own, malloc-backed) operator new once it inlines both.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#include "testutil/count_new.h"
 
 namespace {
-std::atomic<long> g_news{0};
+long new_count() { return dtrain::testutil::new_calls(); }
 }  // namespace
-
-void* operator new(std::size_t n) {
-  g_news.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
-void operator delete[](void* p, std::size_t) noexcept { operator delete(p); }
 
 namespace dtrain::data {
 namespace {
@@ -42,13 +29,13 @@ struct PassCost {
 // Runs pass `iteration` reusing `e`, and reports the allocations it made.
 PassCost run_pass(const Dataset& ds, int64_t iteration, Element& e) {
   const uint64_t sys0 = allocator_stats().system_allocations;
-  const long news0 = g_news.load();
+  const long news0 = new_count();
   PassCost cost;
   {
     Iterator it = ds.iterator(iteration);
     while (it.next(e)) ++cost.batches;
   }
-  cost.news = g_news.load() - news0;
+  cost.news = new_count() - news0;
   cost.system_allocations = allocator_stats().system_allocations - sys0;
   return cost;
 }

@@ -15,24 +15,11 @@
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/optim/rmsprop.h"
 #include "dtrain/optim/sgd.h"
-
-// GCC flags free() on memory from (our own, malloc-backed) operator new once it inlines both.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#include "testutil/count_new.h"
 
 namespace {
-std::atomic<long> g_news{0};
+long new_count() { return dtrain::testutil::new_calls(); }
 }  // namespace
-
-void* operator new(std::size_t n) {
-  g_news.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
-void operator delete[](void* p, std::size_t) noexcept { operator delete(p); }
 
 namespace dtrain::optim {
 namespace {
@@ -93,14 +80,14 @@ TEST_P(AllocTest, SteadyStateApplyGradientsAllocatesNothing) {
   const Case& c = kCases[GetParam()];
   Mlp mlp;
   std::unique_ptr<Optimizer> opt = c.make();
-  const long news_first0 = g_news.load();
+  const long news_first0 = new_count();
   opt->apply_gradients(mlp.grads, mlp.vars);  // builds the slots
-  const long news_first = g_news.load() - news_first0;
+  const long news_first = new_count() - news_first0;
 
   const uint64_t buffers0 = allocator_stats().allocations;
-  const long news0 = g_news.load();
+  const long news0 = new_count();
   for (int i = 0; i < kSteps; ++i) opt->apply_gradients(mlp.grads, mlp.vars);
-  const long news = g_news.load() - news0;
+  const long news = new_count() - news0;
   const uint64_t buffers = allocator_stats().allocations - buffers0;
   std::printf("%-24s operator new: first step %ld, next %d steps %ld; tensor buffers %llu\n",
               c.label, news_first, kSteps, news, static_cast<unsigned long long>(buffers));

@@ -1,5 +1,4 @@
 // compile/fit/evaluate/predict semantics on small synthetic data.
-#include <execinfo.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,24 +13,7 @@
 #include "dtrain/train/training.h"
 
 // Counts global operator new calls so a test can check that training steps do not allocate.
-// GCC flags free() on memory from (our own, malloc-backed) operator new once it inlines both.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-static std::atomic<long> g_news{0};
-static std::atomic<bool> g_trace{false};
-void* operator new(size_t n) {
-  g_news.fetch_add(1, std::memory_order_relaxed);
-  if (g_trace.load(std::memory_order_relaxed)) {
-    g_trace = false;
-    void* frames[24];
-    const int k = backtrace(frames, 24);
-    backtrace_symbols_fd(frames, k, 2);
-    g_trace = true;
-  }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
+#include "testutil/count_new.h"
 
 namespace dtrain {
 namespace {
@@ -206,13 +188,11 @@ TEST(Fit, TrainingStepsDoNotAllocateInSteadyState) {
   auto probe = std::make_shared<train::LambdaCallback>(
       train::LambdaCallbackOptions{.on_batch_end = [&](int64_t b, const nn::Logs&) {
         if (b == 10) {
-          if (std::getenv("DTRAIN_TRACE_NEW")) g_trace = true;
-          at_batch_10 = g_news.load();
+          at_batch_10 = testutil::new_calls();
           sys_at_10 = allocator_stats().system_allocations;
         }
         if (b == 35) {
-          g_trace = false;
-          at_batch_35 = g_news.load();
+          at_batch_35 = testutil::new_calls();
           sys_at_35 = allocator_stats().system_allocations;
         }
       }});

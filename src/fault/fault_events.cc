@@ -15,7 +15,7 @@ namespace dtrain::fault {
 
 std::string to_json(const FaultEvent& e, double unix_time) {
   nlohmann::ordered_json j;
-  j["time"] = unix_time;
+  j["time"] = e.time != 0 ? e.time : unix_time;
   j["generation"] = e.generation;
   j["kind"] = e.kind;
   const auto opt = [&](const char* name, const auto& v) {

@@ -77,6 +77,9 @@ constexpr int kDeadlineCode = 6;             // docs/errors.md: a timeout
 milliseconds ms_of(double seconds) {
   return milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
 }
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -132,6 +135,7 @@ struct Failure {
   std::optional<int> rank, node, slot, signal;
   std::optional<int64_t> pid, last_step;
   Clock::time_point detected_at{};
+  double detected_unix = 0;  // the same, Unix seconds
   std::optional<double> detection_latency;
   bool ours = false;        // the first failure is one of this node's workers (or this node)
   bool preemption = false;  // no restart
@@ -504,6 +508,7 @@ void Agent::monitor(const Generation& g, std::vector<Worker>& workers,
     } else {
       continue;
     }
+    f.detected_unix = unix_now();
     say(f.what, "; it is hung: collecting its stacks, then killing it");
     f.stack = describe_stuck_process(w.pid, ms_of(o_.stack_timeout_s));
     say("rank ", w.rank, " was doing this:\n", f.stack);
@@ -562,6 +567,7 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
   const auto fail = [&](Failure f) {
     if (failure) return;
     if (f.detected_at == Clock::time_point{}) f.detected_at = Clock::now();
+    if (f.detected_unix == 0) f.detected_unix = unix_now();
     if (!f.last_step) f.last_step = job_step_;
     if (!f.remote && !publish(g, f)) {
       // Another node's failure came first: this one is a consequence of it.
@@ -597,6 +603,7 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
       e.detection_latency_seconds = f.detection_latency;
       e.stack = f.stack;
       e.message = f.what;
+      e.time = f.detected_unix;
       recorder_->record(e);
     }
     const std::string who =

@@ -41,6 +41,7 @@ inline constexpr const char* kDetectWatchdog = "watchdog";      // step did not 
 
 struct FaultEvent {
   std::string kind;                        // one of kEvent*
+  double time = 0;                         // when it happened, Unix seconds; 0: when recorded
   int64_t generation = 0;                  // the generation it happened in (restart: the new one)
   std::optional<int> rank = std::nullopt;  // global rank of the worker concerned
   std::optional<int> node = std::nullopt;  // node id (--node-rank) concerned
@@ -64,8 +65,8 @@ struct FaultEvent {
   std::map<std::string, std::string> extra = {};  // more fields, as strings
 };
 
-// The event as one JSON object: {"time": unix seconds, "generation", "kind", ...}; absent
-// optionals are left out.
+// The event as one JSON object: {"time": unix seconds (event.time, else unix_time),
+// "generation", "kind", ...}; absent optionals are left out.
 std::string to_json(const FaultEvent& event, double unix_time);
 
 struct FaultRecorderOptions {

@@ -1,0 +1,388 @@
+// dtrain launch keeps a job alive through failures: real processes (launch_worker), real
+// signals. A worker killed with SIGKILL or stopped with SIGSTOP is detected (exit, watchdog,
+// heartbeat), the group restarts under a new generation and resumes from its checkpoint; a slot
+// that keeps failing is excluded; --max-restarts is respected; preemption codes pass through;
+// the event log and the TensorBoard file say what happened. Every wait is bounded.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/summary/event_log.h"
+#include "dtrain/summary/event_reader.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct Outcome {
+  int code = -1;  // exit code, 128 + signal, or -1 when it had to be killed
+  std::string output;
+  double seconds = 0;
+};
+
+// A launcher in the background, its output going to a file.
+class Launcher {
+ public:
+  Launcher(const std::vector<std::string>& args, const fs::path& out) : out_(out) {
+    std::vector<std::string> argv = {std::string(DTRAIN_BINARY_DIR) + "/dtrain", "launch"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    start_ = Clock::now();
+    if (posix_spawn(&pid_, cargv[0], &actions, nullptr, cargv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~Launcher() {
+    if (pid_ > 0 && !done_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::string output() const {
+    std::ifstream in(out_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Waits up to `limit` for a line matching `pattern`; returns its match (empty on timeout).
+  std::smatch wait_for(const std::string& pattern, std::chrono::seconds limit = 30s) {
+    const std::regex re(pattern);
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      text_ = output();
+      std::smatch m;
+      if (std::regex_search(text_, m, re)) return m;
+      std::this_thread::sleep_for(10ms);
+    }
+    return {};
+  }
+  // Waits up to `limit` for the launcher to exit; kills it after that (code -1).
+  Outcome wait(std::chrono::seconds limit = 60s) {
+    Outcome r;
+    const auto deadline = Clock::now() + limit;
+    int status = 0;
+    while (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == 0) {
+      if (Clock::now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    done_ = true;
+    r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (status != -1) r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.output = output();
+    return r;
+  }
+
+ private:
+  fs::path out_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+  Clock::time_point start_;
+  std::string text_;  // keeps the last output alive for the returned smatch
+};
+
+class LaunchFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dtrain_launch_fault_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "work");
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Launcher flags common to the tests, then `extra`, then the worker's command line.
+  std::vector<std::string> args(const std::vector<std::string>& extra,
+                                const std::vector<std::string>& worker_args) const {
+    std::vector<std::string> a = {"--grace-period", "1",
+                                  "--event-log",    (dir_ / "events.jsonl").string(),
+                                  "--logdir",       (dir_ / "tb").string()};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back("--");
+    a.push_back(DTRAIN_LAUNCH_WORKER);
+    a.push_back("--dir");
+    a.push_back((dir_ / "work").string());
+    a.insert(a.end(), worker_args.begin(), worker_args.end());
+    return a;
+  }
+
+  std::vector<json> events() const {
+    std::vector<json> out;
+    for (const auto& line : dtrain::summary::read_event_log((dir_ / "events.jsonl").string())) {
+      out.push_back(json::parse(line));
+    }
+    return out;
+  }
+  static std::vector<json> of_kind(const std::vector<json>& all, const std::string& kind) {
+    std::vector<json> out;
+    for (const auto& e : all) {
+      if (e["kind"] == kind) out.push_back(e);
+    }
+    return out;
+  }
+  // Text entries and scalars of the launcher's TensorBoard file.
+  void tensorboard(std::vector<std::string>& texts,
+                   std::vector<std::pair<std::string, double>>& scalars) const {
+    for (const auto& f : fs::directory_iterator(dir_ / "tb" / "launcher")) {
+      for (const auto& ev : dtrain::summary::read_events(f.path().string())) {
+        for (const auto& v : ev.values) {
+          if (v.metadata.plugin_name == "text") texts.push_back(v.text());
+          if (v.is_scalar()) scalars.emplace_back(v.tag, v.value);
+        }
+      }
+    }
+  }
+
+  fs::path dir_;
+};
+
+// The worker pid of `rank` in generation `gen`, from its "pid P rank R gen G" line.
+pid_t worker_pid(Launcher& l, int rank, int gen) {
+  const auto m = l.wait_for("\\[rank " + std::to_string(rank) + "\\] pid (\\d+) rank " +
+                            std::to_string(rank) + " gen " + std::to_string(gen) + "\\b");
+  return m.empty() ? -1 : std::stoi(m[1]);
+}
+
+TEST_F(LaunchFaultTest, AWorkerKilledWithSigkillRestartsTheGroupAndTheJobCompletes) {
+  Launcher l(args({"--nproc-per-node", "2", "--max-restarts", "2"},
+                  {"--steps", "60", "--step-ms", "20", "--ckpt-every", "10", "--collective"}),
+             dir_ / "out");
+  const pid_t victim = worker_pid(l, 1, 1);
+  ASSERT_GT(victim, 0) << l.output();
+  ASSERT_FALSE(l.wait_for("\\[rank 1\\] at step 25 rank 1 gen 1").empty()) << l.output();
+  const double killed_at = unix_now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const Outcome r = l.wait();
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 0] DONE rank 0 world 2 gen 2 step 60"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[rank 1] DONE rank 1 world 2 gen 2 step 60"), std::string::npos)
+      << r.output;
+
+  const auto all = events();
+  const auto failures = of_kind(all, "failure");
+  ASSERT_EQ(failures.size(), 1u) << r.output;
+  const json& f = failures[0];
+  EXPECT_EQ(f["rank"], 1);
+  EXPECT_EQ(f["signal"], 9);
+  EXPECT_EQ(f["exit_code"], 137);
+  EXPECT_EQ(f["detector"], "exit");
+  EXPECT_EQ(f["generation"], 1);
+  EXPECT_EQ(f["pid"], victim);
+  EXPECT_GE(f["last_step"].get<int>(), 20);
+  const double latency = f["time"].get<double>() - killed_at;
+  EXPECT_LT(latency, 1.0);
+  std::printf("exit detection latency: %.1f ms\n", latency * 1000);
+  // Rank 0 either saw the collective fail or was stopped; never a second "failure".
+  for (const auto& e : all) {
+    if (e["kind"] == "peer_failure" || e["kind"] == "stopped") {
+      EXPECT_EQ(e["rank"], 0);
+      EXPECT_EQ(e["cause_rank"], 1);
+    }
+  }
+  const auto restarts = of_kind(all, "restart");
+  ASSERT_EQ(restarts.size(), 1u);
+  EXPECT_EQ(restarts[0]["generation"], 2);
+  EXPECT_EQ(restarts[0]["restarts"], 1);
+  const auto resumed = of_kind(all, "resumed");
+  ASSERT_EQ(resumed.size(), 1u) << r.output;
+  EXPECT_EQ(resumed[0]["checkpoint"],
+            "ckpt-" + std::to_string(resumed[0]["resumed_step"].get<int>()));
+  const auto recovered = of_kind(all, "recovered");
+  ASSERT_EQ(recovered.size(), 1u) << r.output;
+  const json& rec = recovered[0];
+  EXPECT_GE(rec["lost_steps"].get<int>(), 0);
+  EXPECT_LE(rec["lost_steps"].get<int>(), 10);  // at most the checkpoint interval
+  EXPECT_GT(rec["recovery_seconds"].get<double>(), 0);
+  EXPECT_LT(rec["recovery_seconds"].get<double>(), 10);
+  std::printf("recovery (kill -> first step after restart): %.2f s, lost %d steps\n",
+              rec["recovery_seconds"].get<double>(), rec["lost_steps"].get<int>());
+  const std::string msg = rec["message"];
+  EXPECT_NE(msg.find("worker 1 exited on signal 9"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("restarted; resumed from ckpt-"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lost "), std::string::npos) << msg;
+  EXPECT_EQ(of_kind(all, "completed").size(), 1u);
+
+  std::vector<std::string> texts;
+  std::vector<std::pair<std::string, double>> scalars;
+  tensorboard(texts, scalars);
+  bool text_found = false;
+  for (const auto& t : texts) text_found |= t.find(msg) != std::string::npos;
+  EXPECT_TRUE(text_found) << "no TensorBoard text entry with: " << msg;
+  bool restart_scalar = false, recovery_scalar = false;
+  for (const auto& [tag, v] : scalars) {
+    restart_scalar |= tag == "launcher/restarts" && v == 1;
+    recovery_scalar |= tag == "launcher/recovery_s" && v > 0;
+  }
+  EXPECT_TRUE(restart_scalar);
+  EXPECT_TRUE(recovery_scalar);
+}
+
+TEST_F(LaunchFaultTest, AStoppedWorkerIsCaughtByTheWatchdogWithItsStacks) {
+  Launcher l(args({"--nproc-per-node", "2", "--max-restarts", "1", "--watchdog-timeout", "1.5",
+                   "--heartbeat-timeout", "0", "--stack-timeout", "5"},
+                  {"--steps", "50", "--step-ms", "20", "--collective"}),
+             dir_ / "out");
+  const pid_t victim = worker_pid(l, 1, 1);
+  ASSERT_GT(victim, 0) << l.output();
+  ASSERT_FALSE(l.wait_for("\\[rank 1\\] at step 20 rank 1 gen 1").empty()) << l.output();
+  const double stopped_at = unix_now();
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  const Outcome r = l.wait();
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("DONE rank 1 world 2 gen 2"), std::string::npos) << r.output;
+  const auto all = events();
+  const auto failures = of_kind(all, "failure");
+  ASSERT_EQ(failures.size(), 1u) << r.output;
+  const json& f = failures[0];
+  EXPECT_EQ(f["detector"], "watchdog");
+  EXPECT_EQ(f["rank"], 1);
+  EXPECT_GE(f["last_step"].get<int>(), 10);  // reports lag up to one report interval
+  const double detected = f["time"].get<double>() - stopped_at;
+  EXPECT_LT(detected, 1.5 + 1.0) << "detected " << detected << " s after SIGSTOP";
+  EXPECT_GE(f["detection_latency_seconds"].get<double>(), 1.5);
+  std::printf("watchdog: detected %.2f s after SIGSTOP (timeout 1.5 s)\n", detected);
+  const std::string stack = f["stack"];
+  EXPECT_NE(stack.find("T (stopped)"), std::string::npos) << stack;
+  if (access("/usr/bin/gdb", X_OK) == 0) {
+    EXPECT_NE(stack.find("gdb backtraces"), std::string::npos) << stack;
+    EXPECT_NE(stack.find("#0"), std::string::npos) << stack;
+  }
+  EXPECT_EQ(of_kind(all, "restart").size(), 1u);
+}
+
+TEST_F(LaunchFaultTest, AStoppedWorkerIsCaughtByItsHeartbeats) {
+  Launcher l(args({"--nproc-per-node", "2", "--max-restarts", "1", "--heartbeat-interval", "0.2",
+                   "--heartbeat-timeout", "1", "--stack-timeout", "0"},
+                  {"--steps", "50", "--step-ms", "20", "--collective"}),
+             dir_ / "out");
+  const pid_t victim = worker_pid(l, 0, 1);
+  ASSERT_GT(victim, 0) << l.output();
+  ASSERT_FALSE(l.wait_for("\\[rank 0\\] at step 20 rank 0 gen 1").empty()) << l.output();
+  const double stopped_at = unix_now();
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  const Outcome r = l.wait();
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto failures = of_kind(events(), "failure");
+  ASSERT_EQ(failures.size(), 1u) << r.output;
+  EXPECT_EQ(failures[0]["detector"], "heartbeat");
+  EXPECT_EQ(failures[0]["rank"], 0);
+  const double detected = failures[0]["time"].get<double>() - stopped_at;
+  EXPECT_LT(detected, 1 + 1.5);
+  std::printf("heartbeat: detected %.2f s after SIGSTOP (timeout 1 s)\n", detected);
+}
+
+TEST_F(LaunchFaultTest, ASlotThatKeepsFailingIsExcludedAndTheOthersFinish) {
+  Launcher l(args({"--nproc-per-node", "3", "--max-restarts", "4", "--exclude-after", "2",
+                   "--exclude-window", "60"},
+                  {"--steps", "20", "--step-ms", "10", "--collective", "--fail-slot", "2"}),
+             dir_ / "out");
+  const Outcome r = l.wait();
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto all = events();
+  const auto failures = of_kind(all, "failure");
+  ASSERT_EQ(failures.size(), 2u) << r.output;
+  for (const auto& f : failures) {
+    EXPECT_EQ(f["slot"], 2);
+    EXPECT_EQ(f["exit_code"], 3);
+  }
+  const auto excluded = of_kind(all, "exclude");
+  ASSERT_EQ(excluded.size(), 1u);
+  EXPECT_EQ(excluded[0]["slot"], 2);
+  const auto restarts = of_kind(all, "restart");
+  ASSERT_EQ(restarts.size(), 2u);
+  EXPECT_EQ(restarts[1]["world_size"], 2);
+  EXPECT_NE(r.output.find("DONE rank 0 world 2 gen 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("DONE rank 1 world 2 gen 3"), std::string::npos) << r.output;
+}
+
+TEST_F(LaunchFaultTest, MaxRestartsIsRespected) {
+  Launcher l(args({"--nproc-per-node", "2", "--max-restarts", "2"},
+                  {"--steps", "20", "--step-ms", "10", "--fail-slot", "1", "--fail-code", "9"}),
+             dir_ / "out");
+  const Outcome r = l.wait();
+  EXPECT_EQ(r.code, 9) << r.output;
+  const auto all = events();
+  EXPECT_EQ(of_kind(all, "failure").size(), 3u) << r.output;
+  EXPECT_EQ(of_kind(all, "restart").size(), 2u) << r.output;
+  const auto give_up = of_kind(all, "give_up");
+  ASSERT_EQ(give_up.size(), 1u);
+  EXPECT_EQ(give_up[0]["restarts"], 2);
+  EXPECT_EQ(of_kind(all, "completed").size(), 0u);
+}
+
+TEST_F(LaunchFaultTest, SigtermToTheLauncherPassesThePreemptionCodeThroughWithoutRestart) {
+  Launcher l(args({"--nproc-per-node", "2", "--max-restarts", "3"},
+                  {"--steps", "500", "--step-ms", "20", "--collective"}),
+             dir_ / "out");
+  ASSERT_FALSE(l.wait_for("\\[rank 1\\] at step 10 rank 1 gen 1").empty()) << l.output();
+  ASSERT_EQ(kill(l.pid(), SIGTERM), 0);
+  const Outcome r = l.wait();
+  EXPECT_EQ(r.code, 143) << r.output;
+  EXPECT_LT(r.seconds, 20);
+  EXPECT_NE(r.output.find("[rank 0] preempted at step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank 1] preempted at step"), std::string::npos) << r.output;
+  const auto all = events();
+  EXPECT_EQ(of_kind(all, "restart").size(), 0u) << r.output;
+  EXPECT_EQ(of_kind(all, "signal").size(), 1u) << r.output;
+  // The preemption checkpoint is there for the next start.
+  std::ifstream ckpt(dir_ / "work" / "ckpt");
+  int step = 0;
+  ASSERT_TRUE(ckpt >> step);
+  EXPECT_GE(step, 10);
+}
+
+TEST_F(LaunchFaultTest, AWorkerExitingWithThePreemptionCodeIsNotRestarted) {
+  Launcher l(args({"--nproc-per-node", "2", "--max-restarts", "3", "--preemption-exit-code", "77"},
+                  {"--steps", "500", "--step-ms", "20"}),
+             dir_ / "out");
+  const pid_t victim = worker_pid(l, 1, 1);
+  ASSERT_GT(victim, 0) << l.output();
+  ASSERT_FALSE(l.wait_for("\\[rank 1\\] at step 10 rank 1 gen 1").empty()) << l.output();
+  ASSERT_EQ(kill(victim, SIGTERM), 0);  // the worker checkpoints and exits with 77
+  const Outcome r = l.wait();
+  EXPECT_EQ(r.code, 77) << r.output;
+  const auto all = events();
+  EXPECT_EQ(of_kind(all, "restart").size(), 0u) << r.output;
+  const auto preempted = of_kind(all, "preempted");
+  ASSERT_EQ(preempted.size(), 1u) << r.output;
+  EXPECT_EQ(preempted[0]["rank"], 1);
+  EXPECT_EQ(preempted[0]["exit_code"], 77);
+}
+
+}  // namespace

@@ -777,6 +777,7 @@ void ClusterCoordinator::shutdown_workers() {
   for (auto& stub : impl_->stubs) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    ctx.set_wait_for_ready(true);  // a channel in reconnect backoff would fail at once
     pb::ShutdownRequest req;
     pb::ShutdownResponse resp;
     stub->Shutdown(&ctx, req, &resp);  // best effort: a lost worker needs no shutdown

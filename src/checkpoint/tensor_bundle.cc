@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "bundle_index.h"
 #include "dtrain/core/crc32c.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
@@ -164,6 +165,33 @@ void byte_swap(void* data, size_t elem, size_t n) {
 
 }  // namespace
 
+namespace detail {
+
+std::string build_index(int num_shards,
+                        const std::map<std::string, BundleEntry, std::less<>>& entries,
+                        const std::string& where) {
+  leveldb::Options options;
+  options.compression = leveldb::kNoCompression;
+  options.block_size = kTableBlockSize;
+  options.block_restart_interval = kTableRestartInterval;
+  options.filter_policy = nullptr;
+  StringSink sink;
+  leveldb::TableBuilder builder(options, &sink);
+  builder.Add(leveldb::Slice(), encode_header(num_shards));
+  std::string value;
+  for (const auto& [key, entry] : entries) {
+    value = encode_entry(entry);
+    // TF's table builder flushes the block before an entry of two blocks or more.
+    if (key.size() + value.size() >= 2 * kTableBlockSize) builder.Flush();
+    builder.Add(key, value);
+  }
+  const leveldb::Status st = builder.Finish();
+  if (!st.ok()) throw InternalError(str_cat(where, ": ", st.ToString()));
+  return std::move(sink.out);
+}
+
+}  // namespace detail
+
 std::string index_filename(const std::string& prefix) { return prefix + ".index"; }
 
 std::string data_filename(const std::string& prefix, int shard, int num_shards) {
@@ -272,24 +300,8 @@ void BundleWriter::finish() {
   impl_->finished = true;
   impl_->data->commit();
 
-  leveldb::Options options;
-  options.compression = leveldb::kNoCompression;
-  options.block_size = kTableBlockSize;
-  options.block_restart_interval = kTableRestartInterval;
-  options.filter_policy = nullptr;
-  StringSink sink;
-  leveldb::TableBuilder builder(options, &sink);
-  builder.Add(leveldb::Slice(), encode_header(1));
-  std::string value;
-  for (const auto& [key, entry] : impl_->entries) {
-    value = encode_entry(entry);
-    // TF's table builder flushes the block before an entry of two blocks or more.
-    if (key.size() + value.size() >= 2 * kTableBlockSize) builder.Flush();
-    builder.Add(key, value);
-  }
-  const leveldb::Status st = builder.Finish();
-  if (!st.ok()) throw InternalError(str_cat("BundleWriter ", prefix_, ": ", st.ToString()));
-  write_file_atomically(index_filename(prefix_), sink.out,
+  write_file_atomically(index_filename(prefix_),
+                        detail::build_index(1, impl_->entries, str_cat("BundleWriter ", prefix_)),
                         AtomicFileOptions{.sync = impl_->options.sync});
 }
 

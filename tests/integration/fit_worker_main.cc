@@ -2,13 +2,17 @@
 // Model::fit under no strategy, MirroredStrategy or MultiWorkerMirroredStrategy (cluster from
 // TF_CONFIG) and writes every model and optimizer variable, raw, to --out.
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
-//              [--verify-sync N]
+//              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N] [--step-delay-us U]
+// With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
+// Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/mirrored_strategy.h"
@@ -36,8 +40,14 @@ void make_data(Tensor& x, Tensor& y) {
   }
 }
 
-int run(const std::string& mode, const std::string& out, int replicas, int epochs,
-        int64_t verify_every) {
+struct Backup {
+  std::string dir;            // empty: no backups
+  int64_t every = 0;          // steps between backups (0: each epoch)
+  int64_t step_delay_us = 0;  // sleep after each step (gives chaos tests time to strike)
+};
+
+int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
+        const Backup& backup) {
   std::unique_ptr<distribute::Strategy> strategy;
   if (mode == "mirrored") {
     strategy = std::make_unique<distribute::MirroredStrategy>(replicas);
@@ -68,13 +78,25 @@ int run(const std::string& mode, const std::string& out, int replicas, int epoch
         if (replicas.empty()) rows += 32;  // no strategy: the whole batch
         for (const auto& r : replicas) rows += r.x.dim(0);
       }});
+  std::vector<std::shared_ptr<train::Callback>> callbacks = {count_rows};
+  if (backup.step_delay_us > 0) {
+    callbacks.push_back(std::make_shared<train::LambdaCallback>(
+        train::LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
+          std::this_thread::sleep_for(std::chrono::microseconds(backup.step_delay_us));
+        }}));
+  }
   const auto h = model.fit(x, y,
                            {.epochs = epochs,
                             .batch_size = 32,
                             .seed = 5,
                             .verbose = 0,
-                            .callbacks = {count_rows},
+                            .callbacks = callbacks,
+                            .save_checkpoints = !backup.dir.empty(),
+                            .checkpoint_dir = backup.dir,
+                            .checkpoint_every = backup.every,
                             .verify_sync_every = verify_every});
+  // Under dtrain launch every worker writes its own file.
+  if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
   std::printf("rows %lld of %lld, replicas in sync %d\n", static_cast<long long>(rows),
               static_cast<long long>(kExamples * epochs),
               strategy ? strategy->num_replicas_in_sync() : 1);
@@ -95,6 +117,7 @@ int main(int argc, char** argv) {
   std::string mode = "single", out;
   int replicas = 1, epochs = 2;
   int64_t verify_every = 0;
+  Backup backup;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--mode")
@@ -109,7 +132,7 @@ int main(int argc, char** argv) {
       verify_every = std::atoll(v.c_str());
   }
   try {
-    return run(mode, out, replicas, epochs, verify_every);
+    return run(mode, out, replicas, epochs, verify_every, backup);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s: %s\n", error_code_name(e.code()), e.what());
     return 1;

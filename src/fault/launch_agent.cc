@@ -182,6 +182,7 @@ class Agent {
   std::optional<Failure> remote_failure(const Generation& g);
   void track_recovery(const Generation& g, const std::map<std::string, std::string>& progress);
   FaultEvent event(const char* kind, int64_t generation) const;
+  int finish(const Generation& g, int code);
   std::string key(const Generation& g, const std::string& name) const {
     return str_cat(prefix_, "g", g.number, "/", name);
   }
@@ -582,7 +583,12 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
       e.last_step = f.last_step;
       e.message = f.what + " after a failure on another node";
       recorder_->record(e);
-      std::optional<Failure> first = remote_failure(g);
+      std::optional<Failure> first;
+      try {
+        first = remote_failure(g);
+      } catch (const Error& e) {
+        say("cannot read the other node's failure: ", e.what());
+      }
       f = first ? *first : f;
       f.remote = true;
       f.ours = false;
@@ -818,6 +824,26 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
   return {.end = End::kCompleted, .code = 0, .failure = std::nullopt};
 }
 
+// The end of this node's part of the job, with exit code `code`. Several nodes: tells the others
+// this node is leaving; the node hosting the service waits (up to 10 s) for the other members
+// of the last generation to say the same, so none of them loses the service before it learned
+// the outcome. Returns `code`.
+int Agent::finish(const Generation& g, int code) {
+  recorder_->flush();
+  if (!multi_node() || client_ == nullptr) return code;
+  try {
+    client_->set(key(g, str_cat("exit/", o_.node_rank)), std::to_string(code));
+    if (server_ != nullptr) {
+      std::vector<std::string> acks;
+      for (int node : g.nodes) acks.push_back(key(g, str_cat("exit/", node)));
+      client_->wait(acks, std::chrono::seconds(10));
+    }
+  } catch (const Error& e) {
+    say("while finishing: ", e.what());
+  }
+  return code;
+}
+
 int Agent::run() {
   DTRAIN_CHECK(o_.nproc_per_node >= 1, "launch: --nproc-per-node must be >= 1, got ",
                o_.nproc_per_node);
@@ -894,27 +920,13 @@ int Agent::run() {
       e.last_step = job_step_;
       e.message = str_cat("every worker finished (", restarts_, " restart(s))");
       recorder_->record(e);
-      recorder_->flush();
-      if (multi_node() && client_ != nullptr) {
-        // The service must outlive every node's launcher: node 0 waits for the others' acks.
-        try {
-          client_->set(key(g, str_cat("exit/", o_.node_rank)), "0");
-          if (server_ != nullptr) {
-            std::vector<std::string> acks;
-            for (int node : g.nodes) acks.push_back(key(g, str_cat("exit/", node)));
-            client_->wait(acks, std::chrono::seconds(10));
-          }
-        } catch (const Error& e) {
-          say("while finishing: ", e.what());
-        }
-      }
-      return 0;
+      return finish(g, 0);
     }
-    if (out.end == End::kSignal) return out.code;
+    if (out.end == End::kSignal) return finish(g, out.code);
     const Failure& f = *out.failure;
     if (f.preemption) {
       say("preempted (exit code ", f.code, "): not restarting");
-      return f.code;
+      return finish(g, f.code);
     }
     if (f.lost_service && o_.max_restarts == 0) {
       throw UnavailableError(str_cat("launch: lost the coordination service at ", service_));
@@ -931,7 +943,7 @@ int Agent::run() {
                       : str_cat(f.what, "; giving up after ", restarts_, " restart(s)");
       recorder_->record(e);
       if (o_.max_restarts > 0) say(e.message);
-      return f.code;
+      return finish(g, f.code);
     }
     // Exclusion: a slot (single node) or node (several) that keeps failing sits out.
     if (f.ours && !f.admit && !multi_node() && f.slot &&
@@ -963,7 +975,7 @@ int Agent::run() {
                           o_.exclude_window_s, " s: excluded from the job");
       recorder_->record(e);
       say(e.message);
-      return f.code;
+      return finish(g, f.code);
     }
     if (!f.admit) ++restarts_;
     if (!f.admit) {

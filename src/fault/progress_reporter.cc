@@ -6,6 +6,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -93,14 +94,21 @@ ProgressReporter::~ProgressReporter() {
 }
 
 void ProgressReporter::send_loop() {
+  // Wakes every kPoll, sends when the step changed and the last send is report_interval old,
+  // so the first step goes out at once and later ones at most every report_interval.
+  constexpr milliseconds kPoll(50);
   bool warned = false;
+  auto last_send = std::chrono::steady_clock::now() - options_.report_interval;
   std::unique_lock lock(mu_);
   while (true) {
-    wake_.wait_for(lock, options_.report_interval, [&] { return stop_; });
+    wake_.wait_for(lock, std::min(kPoll, options_.report_interval), [&] { return stop_; });
     const bool last = stop_;
     lock.unlock();
     const int64_t step = step_.load(std::memory_order_relaxed);
-    if (step != sent_.load(std::memory_order_relaxed)) {
+    const auto now = std::chrono::steady_clock::now();
+    if (step != sent_.load(std::memory_order_relaxed) &&
+        (last || now - last_send >= options_.report_interval)) {
+      last_send = now;
       try {
         client_->set(key_, std::to_string(step));
         sent_.store(step, std::memory_order_relaxed);

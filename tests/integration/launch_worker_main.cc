@@ -5,7 +5,7 @@
 // (the step observer, as fit() does) and tells the launcher where it resumed. On SIGTERM it
 // checkpoints and exits with DTRAIN_PREEMPTION_EXIT_CODE (143), as fit() does on preemption.
 //   launch_worker --dir DIR [--steps N] [--step-ms M] [--ckpt-every K] [--collective]
-//                 [--fail-slot S --fail-code C]
+//                 [--fail-slot S | --fail-rank R] [--fail-code C]
 // Prints "pid P rank R gen G", "at step S rank R gen G" every 5 steps, and "DONE rank R world W
 // gen G step N" at the end. Errors: "error: ..." on stderr, exit 5 (UNAVAILABLE) / 6
 // (DEADLINE_EXCEEDED) / 1.
@@ -56,7 +56,7 @@ void write_ckpt(const fs::path& dir, int64_t step) {
 int run(int argc, char** argv) {
   fs::path dir;
   int64_t steps = 60, step_ms = 20, ckpt_every = 10;
-  int fail_slot = -1, fail_code = 3;
+  int fail_slot = -1, fail_rank = -1, fail_code = 3;
   bool collective = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -73,6 +73,8 @@ int run(int argc, char** argv) {
       collective = true;
     else if (a == "--fail-slot")
       fail_slot = std::stoi(next());
+    else if (a == "--fail-rank")
+      fail_rank = std::stoi(next());
     else if (a == "--fail-code")
       fail_code = std::stoi(next());
     else
@@ -84,9 +86,9 @@ int run(int argc, char** argv) {
   std::printf("pid %d rank %d gen %lld slot %d\n", getpid(), env.rank,
               static_cast<long long>(env.generation), slot);
   std::fflush(stdout);
-  if (slot == fail_slot) {
+  if (slot == fail_slot || env.rank == fail_rank) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::fprintf(stderr, "slot %d fails on purpose with %d\n", slot, fail_code);
+    std::fprintf(stderr, "slot %d rank %d fails on purpose with %d\n", slot, env.rank, fail_code);
     return fail_code;
   }
   struct sigaction sa {};

@@ -130,6 +130,16 @@ int main(int argc, char** argv) {
       epochs = std::atoi(v.c_str());
     else if (k == "--verify-sync")
       verify_every = std::atoll(v.c_str());
+    else if (k == "--checkpoint-dir")
+      backup.dir = v;
+    else if (k == "--checkpoint-every")
+      backup.every = std::atoll(v.c_str());
+    else if (k == "--step-delay-us")
+      backup.step_delay_us = std::atoll(v.c_str());
+    else {
+      std::fprintf(stderr, "error: unknown flag %s\n", k.c_str());
+      return 2;
+    }
   }
   try {
     return run(mode, out, replicas, epochs, verify_every, backup);

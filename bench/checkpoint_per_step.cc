@@ -3,9 +3,11 @@
 // with a GradientTape step, and an async checkpoint (model, optimizer with its two slots, step)
 // saved through a CheckpointManager(max_to_keep = 3) every N steps. Prints the epoch times, the
 // checkpoint's size, how many were saved and how long save() blocked the loop, as "key value"
-// lines. One training thread; the async save adds the checkpoint's writer thread.
+// lines. One training thread; the async saves add the checkpoint's writer threads (up to
+// max_in_flight saves written concurrently, committed in order).
 //
 // Usage: bench_checkpoint_per_step DIR EVERY_N_STEPS(0: no checkpoints) [epochs=3]
+//        [max_in_flight=CheckpointOptions' default; 1: each save waits for the previous one]
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -44,12 +46,14 @@ uint64_t checkpoint_bytes(const std::string& prefix) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s DIR EVERY_N_STEPS [epochs=3]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DIR EVERY_N_STEPS [epochs=3] [max_in_flight]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
   const int64_t every = std::atoll(argv[2]);
   const int epochs = argc > 3 ? std::atoi(argv[3]) : 3;
+  checkpoint::CheckpointOptions options{.enable_async = true};
+  if (argc > 4) options.max_in_flight = std::atoi(argv[4]);
   ops::set_num_threads(1);
   set_random_seed(0);
   const data::FashionMnist fm = data::fashion_mnist::load_data();
@@ -66,7 +70,7 @@ int main(int argc, char** argv) {
   // manager = tf.train.CheckpointManager(checkpoint, dir, max_to_keep=3)
   fs::remove_all(dir);
   checkpoint::Checkpoint ckpt({{"model", model}, {"optimizer", optimizer}, {"step", step}},
-                              {.enable_async = true});
+                              options);
   checkpoint::CheckpointManager manager(ckpt, dir, {.max_to_keep = 3});
 
   auto ds = data::Dataset::from_tensor_slices({fm.x_train, fm.y_train})
@@ -106,6 +110,7 @@ int main(int argc, char** argv) {
   }
   std::printf("epoch_seconds_median %.4f\n", steady[steady.size() / 2]);
   std::printf("steps %lld\n", static_cast<long long>(step));
+  std::printf("max_in_flight %d\n", options.max_in_flight);
   std::printf("checkpoints_saved %lld\n", static_cast<long long>(saves));
   if (saves > 0) {
     std::sort(blocked.begin(), blocked.end());

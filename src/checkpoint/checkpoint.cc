@@ -1,10 +1,11 @@
 // Checkpoint: the trackable object graph (built breadth-first from the root, as TF's
-// ObjectGraphView does), save/write/restore, async writing and the state-file commit.
+// ObjectGraphView does), save/write/restore, the async write pipeline and the state-file commit.
 #include "dtrain/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <bit>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -474,10 +475,250 @@ size_t CheckpointLoadStatus::restored_count() const { return state_->restored; }
 // ---------------------------------------------------------------------------------------------
 // Checkpoint
 
-struct Checkpoint::Snapshot {
-  std::string graph;
-  std::vector<std::pair<std::string, Tensor>> tensors;
+// ---------------------------------------------------------------------------------------------
+// AsyncWriter
+
+namespace detail {
+
+// The async pipeline. Snapshots are queued in save order, written concurrently by up to
+// max_in_flight writer threads (so that their fsync latencies overlap), and committed strictly
+// in save order: whichever writer finds the oldest pending job written commits it, together
+// with the written jobs right behind it that share its commit group (one state-file write for
+// all of them). A failed write or commit is kept for the submitting thread to rethrow once;
+// every job queued after it is discarded (never committed; files already written are removed).
+// Thread-safe; one thread submits.
+class AsyncWriter {
+ public:
+  using CommitFn = std::function<void(const std::vector<std::string>&)>;
+
+  AsyncWriter(int max_in_flight, int64_t max_bytes)
+      : max_in_flight_(static_cast<size_t>(max_in_flight)), max_bytes_(max_bytes) {}
+  // Waits for the pending jobs (their errors stay unreported), then stops the threads.
+  ~AsyncWriter() {
+    drain();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  AsyncWriter(const AsyncWriter&) = delete;
+  AsyncWriter& operator=(const AsyncWriter&) = delete;
+
+  // Blocks until fewer than max_in_flight jobs are pending. Rethrows a detected error first
+  // (once), so that a save after a failed one fails before changing anything.
+  void reserve_slot() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      if (jobs_.size() < max_in_flight_) return;
+      done_cv_.wait(lock);
+    }
+  }
+
+  // Blocks until `bytes` more of unwritten snapshots fit the budget (always, when none is
+  // pending).
+  void wait_for_bytes(int64_t bytes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock,
+                  [&] { return unwritten_bytes_ == 0 || unwritten_bytes_ + bytes <= max_bytes_; });
+  }
+
+  // Queues a job: `write` writes `prefix` durably (it owns the snapshot), then `commit`, if any,
+  // commits it. Never blocks on I/O.
+  void submit(std::string prefix, int64_t bytes, std::string group, std::function<void()> write,
+              CommitFn commit) {
+    auto job = std::make_unique<Job>();
+    job->prefix = std::move(prefix);
+    job->bytes = bytes;
+    job->group = std::move(group);
+    job->write = std::move(write);
+    job->commit = std::move(commit);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_) {
+      // A failure was detected after this save's reserve_slot(): nothing after it commits.
+      job->discarded = true;
+      warn(str_cat("asynchronous checkpoint ", job->prefix,
+                   " was discarded: an earlier asynchronous write failed (its error is raised by "
+                   "the next call)"));
+    }
+    unwritten_bytes_ += job->bytes;
+    jobs_.push_back(std::move(job));
+    if (idle_ == 0 && threads_.size() < max_in_flight_) {
+      threads_.emplace_back([this] { work(); });
+    }
+    work_cv_.notify_one();
+  }
+
+  // Whether a pending job writes `prefix`.
+  bool writing(const std::string& prefix) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& j : jobs_) {
+      if (same_path(j->prefix, prefix)) return true;
+    }
+    return false;
+  }
+
+  // Blocks until every submitted job is committed or discarded. Does not throw.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return jobs_.empty() && !committing_; });
+  }
+
+  // The detected, unreported error (cleared), or null.
+  std::exception_ptr take_error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(error_, nullptr);
+  }
+
+ private:
+  enum class JobState { kQueued, kWriting, kWritten, kFailed };
+  struct Job {
+    std::string prefix;
+    int64_t bytes = 0;  // of its snapshot, until written
+    std::string group;  // consecutive written jobs of one non-empty group commit together
+    std::function<void()> write;
+    CommitFn commit;
+    JobState state = JobState::kQueued;
+    bool discarded = false;
+    std::exception_ptr error;
+  };
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      Job* job = nullptr;
+      for (const auto& j : jobs_) {
+        if (j->state == JobState::kQueued && !j->discarded) {
+          job = j.get();
+          break;
+        }
+      }
+      if (job == nullptr) {
+        if (stop_) return;
+        ++idle_;
+        work_cv_.wait(lock);
+        --idle_;
+        continue;
+      }
+      job->state = JobState::kWriting;
+      std::function<void()> write = std::move(job->write);
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        write();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      write = nullptr;  // frees the snapshot
+      lock.lock();
+      unwritten_bytes_ -= job->bytes;
+      job->bytes = 0;
+      job->error = error;
+      job->state = error ? JobState::kFailed : JobState::kWritten;
+      commit_ready(lock);
+      done_cv_.notify_all();
+    }
+  }
+
+  // Marks the failure (the first one is reported) and discards every job after the first
+  // `keep` ones.
+  void fail(std::exception_ptr error, size_t keep) {
+    if (!error_) error_ = std::move(error);
+    std::string discarded;
+    for (size_t i = keep; i < jobs_.size(); ++i) {
+      if (jobs_[i]->discarded) continue;
+      jobs_[i]->discarded = true;
+      discarded += str_cat(discarded.empty() ? "" : ", ", jobs_[i]->prefix);
+    }
+    if (!discarded.empty()) {
+      warn(str_cat("asynchronous checkpoint(s) ", discarded,
+                   " queued after a failed one were discarded (the error is raised by the next "
+                   "call)"));
+    }
+  }
+
+  // Commits written jobs from the head of the queue, in order, until it reaches one that is
+  // not written yet. One thread at a time; the lock is released around file operations.
+  void commit_ready(std::unique_lock<std::mutex>& lock) {
+    if (committing_) return;
+    committing_ = true;
+    while (!jobs_.empty()) {
+      Job& head = *jobs_.front();
+      if (head.state == JobState::kWriting || (head.state == JobState::kQueued && !head.discarded))
+        break;
+      if (head.discarded) {
+        const bool written = head.state == JobState::kWritten;
+        const std::string prefix = head.prefix;
+        if (head.state == JobState::kQueued) unwritten_bytes_ -= head.bytes;
+        jobs_.pop_front();
+        if (written) {
+          // Never committed: remove what it wrote (index first, which makes it disappear).
+          lock.unlock();
+          remove_bundle_files(prefix);
+          lock.lock();
+        }
+        continue;
+      }
+      if (head.state == JobState::kFailed) {
+        fail(head.error, 1);
+        jobs_.pop_front();
+        continue;
+      }
+      std::vector<std::string> prefixes{head.prefix};
+      size_t n = 1;
+      if (!head.group.empty()) {
+        while (n < jobs_.size() && jobs_[n]->state == JobState::kWritten && !jobs_[n]->discarded &&
+               jobs_[n]->group == head.group) {
+          prefixes.push_back(jobs_[n++]->prefix);
+        }
+      }
+      CommitFn commit = jobs_[n - 1]->commit;
+      std::exception_ptr error;
+      if (commit) {
+        lock.unlock();
+        try {
+          commit(prefixes);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        lock.lock();
+      }
+      // A failed commit leaves these checkpoints' files (the state file may or may not name
+      // them); nothing after them commits.
+      if (error) fail(error, n);
+      for (size_t i = 0; i < n; ++i) jobs_.pop_front();
+    }
+    committing_ = false;
+    done_cv_.notify_all();
+  }
+
+  static void remove_bundle_files(const std::string& prefix) {
+    std::error_code ec;
+    for (const std::string& f : {index_filename(prefix), data_filename(prefix, 0, 1)}) {
+      if (fs::is_regular_file(fs::symlink_status(f, ec))) fs::remove(f, ec);
+    }
+  }
+
+  const size_t max_in_flight_;
+  const int64_t max_bytes_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;        // writers: a job was queued, or stop
+  std::condition_variable done_cv_;        // submitter: a job was written, committed or discarded
+  std::deque<std::unique_ptr<Job>> jobs_;  // pending (not yet committed), in save order
+  int64_t unwritten_bytes_ = 0;            // snapshot bytes of jobs not yet written
+  bool committing_ = false;                // a writer is running commit_ready
+  bool stop_ = false;
+  size_t idle_ = 0;  // writer threads waiting for a job
+  std::vector<std::thread> threads_;
+  std::exception_ptr error_;  // the first detected failure, not yet reported
 };
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint
 
 Checkpoint::Checkpoint(std::vector<std::pair<std::string, Trackable>> children,
                        CheckpointOptions options)
@@ -487,18 +728,32 @@ Checkpoint::Checkpoint(std::vector<std::pair<std::string, Trackable>> children,
   for (const auto& [name, t] : children_) {
     DTRAIN_CHECK(name != "save_counter", "Checkpoint: 'save_counter' is reserved");
   }
+  DTRAIN_CHECK(options_.max_in_flight >= 1, "Checkpoint: max_in_flight must be at least 1, got ",
+               options_.max_in_flight);
+  if (options_.enable_async) {
+    writer_ =
+        std::make_unique<detail::AsyncWriter>(options_.max_in_flight, options_.max_in_flight_bytes);
+  }
 }
 
 Checkpoint::Checkpoint(Trackable root, CheckpointOptions options)
     : root_(std::move(root)),
       options_(options),
-      save_counter_("save_counter", Tensor::zeros(Shape{}, DType::kInt64), false) {}
+      save_counter_("save_counter", Tensor::zeros(Shape{}, DType::kInt64), false) {
+  DTRAIN_CHECK(options_.max_in_flight >= 1, "Checkpoint: max_in_flight must be at least 1, got ",
+               options_.max_in_flight);
+  if (options_.enable_async) {
+    writer_ =
+        std::make_unique<detail::AsyncWriter>(options_.max_in_flight, options_.max_in_flight_bytes);
+  }
+}
 
 Checkpoint::~Checkpoint() {
-  if (writer_.joinable()) writer_.join();
-  if (write_error_) {
+  if (!writer_) return;
+  writer_->drain();
+  if (std::exception_ptr error = writer_->take_error()) {
     try {
-      std::rethrow_exception(write_error_);
+      std::rethrow_exception(error);
     } catch (const std::exception& e) {
       warn(
           str_cat("an asynchronous checkpoint write failed and nothing waited for it: ", e.what()));
@@ -523,46 +778,63 @@ std::vector<std::string> Checkpoint::keys() {
 }
 
 void Checkpoint::wait_for_write() {
-  if (writer_.joinable()) writer_.join();
-  if (write_error_) std::rethrow_exception(std::exchange(write_error_, nullptr));
+  if (!writer_) return;
+  writer_->drain();
+  if (std::exception_ptr error = writer_->take_error()) std::rethrow_exception(error);
+}
+
+void Checkpoint::reserve_slot() {
+  if (writer_) writer_->reserve_slot();
+}
+
+void Checkpoint::check_write_error() {
+  if (!writer_) return;
+  if (std::exception_ptr error = writer_->take_error()) std::rethrow_exception(error);
+}
+
+bool Checkpoint::writing(const std::string& prefix) const {
+  return writer_ && writer_->writing(prefix);
 }
 
 void Checkpoint::sync() { wait_for_write(); }
 
-void Checkpoint::write_snapshot(const std::string& prefix, const Snapshot& snapshot) {
+void Checkpoint::write_bundle(const std::string& prefix, const std::string& graph,
+                              const std::vector<std::pair<std::string, Tensor>>& tensors) const {
   BundleWriter w(prefix, BundleWriterOptions{.sync = options_.sync_to_disk});
-  w.add_strings(kObjectGraphKey, {snapshot.graph}, Shape{});
-  for (const auto& [key, tensor] : snapshot.tensors) w.add(key, tensor);
+  w.add_strings(kObjectGraphKey, {graph}, Shape{});
+  for (const auto& [key, tensor] : tensors) w.add(key, tensor);
   w.finish();
 }
 
-void Checkpoint::write_internal(const std::string& prefix,
-                                std::function<void(const std::string&)> on_written) {
-  wait_for_write();
+void Checkpoint::write_internal(const std::string& prefix, std::string commit_group,
+                                CommitFn commit) {
   DTRAIN_CHECK(!prefix.empty(), "Checkpoint: empty file prefix");
+  // Two writers of one prefix would race on its files: let the earlier one finish first.
+  if (writing(prefix)) wait_for_write();
   const auto view = detail::GraphView::build(root_ ? &*root_ : nullptr, root_children());
-  Snapshot snapshot;
-  snapshot.graph = view.graph.serialize();
-  snapshot.tensors.reserve(view.values.size());
+  std::string graph = view.graph.serialize();
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  tensors.reserve(view.values.size());
+  int64_t bytes = static_cast<int64_t>(graph.size());
   for (const auto& v : view.values) {
-    Tensor t = v.get();
-    // Async: copy now, so that updates after save() returns cannot reach the file.
-    snapshot.tensors.emplace_back(v.key, options_.enable_async ? t.clone() : std::move(t));
+    tensors.emplace_back(v.key, v.get());
+    bytes += static_cast<int64_t>(tensors.back().second.nbytes());
   }
-  if (!options_.enable_async) {
-    write_snapshot(prefix, snapshot);
-    if (on_written) on_written(prefix);
+  if (!writer_) {
+    write_bundle(prefix, graph, tensors);
+    if (commit) commit({prefix});
     return;
   }
-  writer_ = std::thread(
-      [this, prefix, snapshot = std::move(snapshot), on_written = std::move(on_written)] {
-        try {
-          write_snapshot(prefix, snapshot);
-          if (on_written) on_written(prefix);
-        } catch (...) {
-          write_error_ = std::current_exception();
-        }
-      });
+  // Async: wait for memory, then copy now, so that updates after save() returns cannot reach
+  // the file.
+  writer_->wait_for_bytes(bytes);
+  for (auto& [key, t] : tensors) t = t.clone();
+  writer_->submit(
+      prefix, bytes, std::move(commit_group),
+      [this, prefix, graph = std::move(graph), tensors = std::move(tensors)] {
+        write_bundle(prefix, graph, tensors);
+      },
+      std::move(commit));
 }
 
 namespace {
@@ -602,43 +874,67 @@ void uncommit(const std::string& dir, const std::string& path, bool sync) {
   write_checkpoint_state(dir, out, sync);
 }
 
-// Names `path` as the newest committed checkpoint of `dir`.
-void commit(const std::string& dir, const std::string& path, bool sync) {
+// Whether `dir`'s state file lists `path`.
+bool listed(const std::string& dir, const std::string& path) {
+  std::optional<CheckpointState> st = read_state_or_warn(dir);
+  if (!st) return false;
+  if (same_path(st->model_checkpoint_path, path)) return true;
+  for (const std::string& p : st->all_model_checkpoint_paths) {
+    if (same_path(p, path)) return true;
+  }
+  return false;
+}
+
+// Names `paths` (oldest first, all written) as the newest committed checkpoints of `dir`.
+void commit(const std::string& dir, const std::vector<std::string>& paths, bool sync) {
   CheckpointState out;
   const double now = unix_now();
+  auto in_paths = [&](const std::string& p) {
+    return std::any_of(paths.begin(), paths.end(),
+                       [&](const std::string& q) { return same_path(p, q); });
+  };
   if (std::optional<CheckpointState> st = read_state_or_warn(dir)) {
-    const auto& paths = st->all_model_checkpoint_paths;
+    const auto& listed_paths = st->all_model_checkpoint_paths;
     const auto& times = st->all_model_checkpoint_timestamps;
-    for (size_t i = 0; i < paths.size(); ++i) {
-      if (same_path(paths[i], path) || !index_exists(paths[i])) continue;
-      out.all_model_checkpoint_paths.push_back(paths[i]);
+    for (size_t i = 0; i < listed_paths.size(); ++i) {
+      if (in_paths(listed_paths[i]) || !index_exists(listed_paths[i])) continue;
+      out.all_model_checkpoint_paths.push_back(listed_paths[i]);
       out.all_model_checkpoint_timestamps.push_back(i < times.size() ? times[i] : now);
     }
     out.last_preserved_timestamp = st->last_preserved_timestamp;
   }
-  out.all_model_checkpoint_paths.push_back(path);
-  out.all_model_checkpoint_timestamps.push_back(now);
-  out.model_checkpoint_path = path;
+  for (const std::string& p : paths) {
+    out.all_model_checkpoint_paths.push_back(p);
+    out.all_model_checkpoint_timestamps.push_back(now);
+  }
+  out.model_checkpoint_path = paths.back();
   write_checkpoint_state(dir, out, sync);
 }
 
 }  // namespace
 
 std::string Checkpoint::save(const std::string& file_prefix) {
-  wait_for_write();
   DTRAIN_CHECK(!file_prefix.empty(), "Checkpoint::save: empty file prefix");
-  save_counter_tracked_ = true;
-  const int64_t n = ++save_counter_.tensor().data<int64_t>()[0];
-  const std::string path = str_cat(file_prefix, "-", n);
+  reserve_slot();  // an earlier async error surfaces here, before anything changes
+  const std::string path = str_cat(file_prefix, "-", save_counter() + 1);
   const std::string dir = prefix_directory(path);
   const bool sync = options_.sync_to_disk;
-  uncommit(dir, path, sync);
-  write_internal(path, [dir, sync](const std::string& p) { commit(dir, p, sync); });
+  if (writing(path) || listed(dir, path)) {
+    // Overwriting: once nothing else commits, drop it from the state file before its files are
+    // replaced, so that a crash in between never leaves the state file naming a torn one.
+    wait_for_write();
+    uncommit(dir, path, sync);
+  }
+  save_counter_tracked_ = true;
+  ++save_counter_.tensor().data<int64_t>()[0];
+  write_internal(path, str_cat("save:", dir),
+                 [dir, sync](const std::vector<std::string>& paths) { commit(dir, paths, sync); });
   return path;
 }
 
 std::string Checkpoint::write(const std::string& file_prefix) {
-  write_internal(file_prefix, nullptr);
+  reserve_slot();
+  write_internal(file_prefix, "", nullptr);
   return file_prefix;
 }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <vector>
 
 #include "checkpoint_state.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
@@ -102,26 +103,29 @@ CheckpointManager::~CheckpointManager() {
   }
 }
 
-void CheckpointManager::record_state() {
+void CheckpointManager::write_state(const std::vector<std::pair<std::string, double>>& kept,
+                                    const std::optional<std::string>& latest,
+                                    double last_preserved_timestamp) const {
   CheckpointState st;
-  for (const auto& [path, ts] : maybe_delete_) {
+  for (const auto& [path, ts] : kept) {
     st.all_model_checkpoint_paths.push_back(path);
     st.all_model_checkpoint_timestamps.push_back(ts);
   }
-  st.model_checkpoint_path = latest_.value_or("");
-  st.last_preserved_timestamp = last_preserved_timestamp_;
+  st.model_checkpoint_path = latest.value_or("");
+  st.last_preserved_timestamp = last_preserved_timestamp;
   write_checkpoint_state(directory_, st, checkpoint_.options().sync_to_disk);
 }
 
-std::vector<std::string> CheckpointManager::sweep() {
+std::vector<std::string> CheckpointManager::sweep(std::vector<std::pair<std::string, double>>& kept,
+                                                  double& last_preserved_timestamp) const {
   std::vector<std::string> doomed;
   if (!options_.max_to_keep) return doomed;
-  while (maybe_delete_.size() > static_cast<size_t>(*options_.max_to_keep)) {
-    const auto [path, ts] = maybe_delete_.front();
-    maybe_delete_.erase(maybe_delete_.begin());
+  while (kept.size() > static_cast<size_t>(*options_.max_to_keep)) {
+    const auto [path, ts] = kept.front();
+    kept.erase(kept.begin());
     if (options_.keep_checkpoint_every_n_hours > 0 &&
-        ts - last_preserved_timestamp_ >= options_.keep_checkpoint_every_n_hours * 3600.0) {
-      last_preserved_timestamp_ = ts;  // preserved: no longer managed, never deleted
+        ts - last_preserved_timestamp >= options_.keep_checkpoint_every_n_hours * 3600.0) {
+      last_preserved_timestamp = ts;  // preserved: no longer managed, never deleted
       continue;
     }
     doomed.push_back(path);
@@ -129,21 +133,37 @@ std::vector<std::string> CheckpointManager::sweep() {
   return doomed;
 }
 
-void CheckpointManager::on_written(const std::string& path, double timestamp) {
-  std::lock_guard<std::mutex> lock(mu_);
-  maybe_delete_.emplace_back(path, timestamp);
-  latest_ = path;
-  // One state-file write commits the new checkpoint (already durable) and drops the ones
+void CheckpointManager::on_written(const std::vector<std::string>& paths, double timestamp) {
+  // Runs on the committing thread, one call at a time, while save() changes nothing that is
+  // written here (it waits for the pending saves before it rewrites the state file itself). mu_
+  // is held only to copy and publish, never across file operations, so that save() does not
+  // wait for an fsync.
+  std::vector<std::pair<std::string, double>> kept;
+  double last_preserved;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept = maybe_delete_;
+    last_preserved = last_preserved_timestamp_;
+  }
+  for (const std::string& p : paths) kept.emplace_back(p, timestamp);
+  // One state-file write commits the new checkpoints (already durable) and drops the ones
   // retention no longer keeps; their files are deleted only afterwards. (TF writes the state
-  // file twice, before and after deleting; this saves two fsyncs per save.)
-  const std::vector<std::string> doomed = sweep();
-  record_state();
+  // file twice per save, before and after deleting; with several saves written concurrently,
+  // one write commits them all.)
+  const std::vector<std::string> doomed = sweep(kept, last_preserved);
+  write_state(kept, paths.back(), last_preserved);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    maybe_delete_ = std::move(kept);
+    latest_ = paths.back();
+    last_preserved_timestamp_ = last_preserved;
+  }
   for (const std::string& p : doomed) remove_checkpoint_files(p);
 }
 
 std::optional<std::string> CheckpointManager::save(std::optional<int64_t> checkpoint_number,
                                                    bool check_interval) {
-  checkpoint_.sync();  // a previous async save's error surfaces here
+  checkpoint_.reserve_slot();  // a previous async save's error surfaces here
   std::optional<int64_t> step;
   if (options_.step_counter && options_.checkpoint_interval > 0) {
     step = options_.step_counter();
@@ -154,31 +174,39 @@ std::optional<std::string> CheckpointManager::save(std::optional<int64_t> checkp
     }
   }
   Variable& counter = checkpoint_.save_counter_;
-  checkpoint_.save_counter_tracked_ = true;
-  const int64_t n = ++counter.tensor().data<int64_t>()[0];
+  const int64_t n = counter.tensor().data<int64_t>()[0] + 1;
   const std::string path = str_cat(prefix_, "-", checkpoint_number.value_or(n));
-  {
-    // Overwriting a checkpoint we track (e.g. after restoring an older one): uncommit it first,
-    // so that a crash mid-write never leaves the state file naming a torn checkpoint.
+  auto tracks = [&] {
     std::lock_guard<std::mutex> lock(mu_);
-    bool tracked = false;
-    for (auto it = maybe_delete_.begin(); it != maybe_delete_.end();) {
-      if (same_path(it->first, path)) {
-        it = maybe_delete_.erase(it);
-        tracked = true;
-      } else {
-        ++it;
-      }
+    if (latest_ && same_path(*latest_, path)) return true;
+    for (const auto& [p, ts] : maybe_delete_) {
+      if (same_path(p, path)) return true;
     }
+    return false;
+  };
+  // (writing() first: once no pending save writes `path`, no commit can start tracking it.)
+  if (checkpoint_.writing(path) || tracks()) {
+    // Overwriting a checkpoint we track (e.g. after restoring an older one): once nothing else
+    // commits, uncommit it first, so that a crash mid-write never leaves the state file naming
+    // a torn checkpoint.
+    checkpoint_.wait_for_write();
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(maybe_delete_, [&](const auto& e) { return same_path(e.first, path); });
     if (latest_ && same_path(*latest_, path)) {
       latest_ = maybe_delete_.empty() ? std::nullopt
                                       : std::optional<std::string>(maybe_delete_.back().first);
-      tracked = true;
     }
-    if (tracked) record_state();
-    if (step) last_checkpoint_step_ = step;
+    write_state(maybe_delete_, latest_, last_preserved_timestamp_);
   }
-  checkpoint_.write_internal(path, [this](const std::string& p) { on_written(p, unix_now()); });
+  if (step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_checkpoint_step_ = step;
+  }
+  checkpoint_.save_counter_tracked_ = true;
+  counter.tensor().data<int64_t>()[0] = n;
+  checkpoint_.write_internal(
+      path, str_cat("manager:", static_cast<const void*>(this)),
+      [this](const std::vector<std::string>& paths) { on_written(paths, unix_now()); });
   return path;
 }
 

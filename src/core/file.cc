@@ -135,7 +135,9 @@ void AtomicFile::commit() {
   DTRAIN_CHECK(!done_, "AtomicFile ", path_, ": commit after commit or abort");
   try {
     flush_buffer();
-    if (options_.sync && ::fsync(fd_) != 0) throw_file_error(errno, "fsync", path_);
+    // fdatasync: the data and the metadata needed to read it back (size, block map); the name
+    // becomes durable with the directory's fsync after the rename.
+    if (options_.sync && ::fdatasync(fd_) != 0) throw_file_error(errno, "fdatasync", path_);
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) throw_file_error(errno, "close", path_);

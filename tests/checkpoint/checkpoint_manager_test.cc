@@ -2,10 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "checkpoint/checkpoint_state.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
@@ -166,6 +170,104 @@ TEST_F(ManagerTest, AsyncSavesCommitAndRotateOnTheWriterThread) {
   EXPECT_TRUE(r.tensor().equals(Tensor::full(Shape{1 << 18}, 3.0f)));
   reader.restore(path("ckpt-4")).assert_consumed();
   EXPECT_TRUE(r.tensor().equals(Tensor::full(Shape{1 << 18}, 4.0f)));
+}
+
+TEST_F(ManagerTest, PipelinedAsyncSavesCommitInOrderAndRotateAfterCommitting) {
+  Variable v("v", Tensor::full(Shape{1 << 16}, 0.0f));
+  Checkpoint ckpt({{"v", v}}, {.enable_async = true, .max_in_flight = 8});
+  constexpr int kSaves = 40;
+  {
+    CheckpointManager manager(ckpt, dir_, {.max_to_keep = 3});
+    std::atomic<bool> done{false};
+    std::atomic<int> bad{0};
+    std::string bad_state;
+    // The state file only ever lists consecutive checkpoints, newest last, moving forward.
+    std::thread reader([&] {
+      int newest = 0;
+      while (!done.load()) {
+        std::string text;
+        try {
+          text = read_file(path("checkpoint"));
+        } catch (const NotFoundError&) {
+          std::this_thread::yield();
+          continue;
+        }
+        const auto st = parse_checkpoint_state(text, "state");
+        const auto& ps = st.all_model_checkpoint_paths;
+        bool ok = !ps.empty() && ps.size() <= 3 && st.model_checkpoint_path == ps.back();
+        const int first = ok ? std::stoi(ps[0].substr(5)) : 0;
+        for (size_t i = 0; ok && i < ps.size(); ++i) {
+          ok = ps[i] == "ckpt-" + std::to_string(first + static_cast<int>(i));
+        }
+        const int last = first + static_cast<int>(ps.size()) - 1;
+        ok = ok && last >= newest;
+        if (ok) newest = last;
+        if (!ok && bad++ == 0) bad_state = text;
+      }
+    });
+    for (int i = 1; i <= kSaves; ++i) {
+      v.tensor().fill(static_cast<float>(i));
+      EXPECT_EQ(manager.save(), path("ckpt-" + std::to_string(i)));
+      v.tensor().fill(-1.0f);  // after save() returned: must not reach the file
+    }
+    manager.sync();
+    done = true;
+    reader.join();
+    EXPECT_EQ(bad.load(), 0) << bad_state;
+    EXPECT_EQ(manager.checkpoints(), paths({kSaves - 2, kSaves - 1, kSaves}));
+    EXPECT_EQ(manager.latest_checkpoint(), path("ckpt-" + std::to_string(kSaves)));
+    for (int i = 1; i < kSaves - 2; ++i) {
+      EXPECT_FALSE(exists(i)) << i;
+      EXPECT_FALSE(fs::exists(path("ckpt-" + std::to_string(i) + ".data-00000-of-00001"))) << i;
+    }
+  }
+  for (int i = kSaves - 2; i <= kSaves; ++i) {
+    Variable r("v", Tensor::zeros(Shape{1 << 16}));
+    Checkpoint reader({{"v", r}});
+    reader.restore(path("ckpt-" + std::to_string(i))).assert_consumed();
+    EXPECT_TRUE(r.tensor().equals(Tensor::full(Shape{1 << 16}, static_cast<float>(i)))) << i;
+  }
+  EXPECT_TRUE(warnings_.empty());
+}
+
+TEST_F(ManagerTest, PipelinedErrorKeepsTheLastGoodCheckpointCommittedAndSurfacesOnce) {
+  // ckpt-4 cannot be written; saves 1..8 are queued, most of them before it fails.
+  fs::create_directories(path("ckpt-4.data-00000-of-00001"));
+  Variable v("v", Tensor::full(Shape{1 << 14}, 0.0f));
+  Checkpoint ckpt({{"v", v}}, {.enable_async = true, .max_in_flight = 8});
+  CheckpointManager manager(ckpt, dir_, {.max_to_keep = 2});
+  int errors = 0;
+  std::vector<std::string> before, after;
+  for (int i = 1; i <= 8; ++i) {
+    v.tensor().fill(static_cast<float>(i));
+    try {
+      (errors ? after : before).push_back(*manager.save());
+    } catch (const Error& e) {
+      ++errors;
+      EXPECT_NE(std::string(e.what()).find("ckpt-4.data"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    manager.sync();
+  } catch (const Error& e) {
+    ++errors;
+    EXPECT_NE(std::string(e.what()).find("ckpt-4.data"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(errors, 1);
+  EXPECT_NO_THROW(manager.sync());
+  ASSERT_GE(before.size(), 4u);
+  // ckpt-2 and ckpt-3 stay committed (nothing after the failure committed or rotated them
+  // out), followed by whatever was saved after the error was reported, within max_to_keep.
+  std::vector<std::string> expected = {path("ckpt-2"), path("ckpt-3")};
+  expected.insert(expected.end(), after.begin(), after.end());
+  expected.erase(expected.begin(), expected.end() - std::min<ptrdiff_t>(2, expected.size()));
+  EXPECT_EQ(manager.checkpoints(), expected);
+  EXPECT_EQ(latest_checkpoint(dir_), expected.back());
+  for (size_t i = 4; i < before.size(); ++i) EXPECT_FALSE(fs::exists(before[i] + ".index"));
+  Variable r("v", Tensor::zeros(Shape{1 << 14}));
+  Checkpoint reader({{"v", r}});
+  CheckpointManager reader_manager(reader, dir_);
+  EXPECT_EQ(reader_manager.restore_or_initialize(), expected.back());
 }
 
 TEST_F(ManagerTest, OverwritingATrackedCheckpointUncommitsItFirst) {

@@ -2,11 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "checkpoint/checkpoint_state.h"
 #include "checkpoint/object_graph.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
@@ -399,7 +402,8 @@ TEST_F(CheckpointTest, AsyncWriteErrorSurfacesOnTheNextCall) {
     fs::create_directories(path("bad/ckpt-" + std::to_string(n) + ".data-00000-of-00001"));
   Variable v("v", Tensor::scalar(1.0f));
   {
-    Checkpoint ckpt({{"v", v}}, {.enable_async = true});
+    // One save in flight: each save waits for the previous one, so the next call reports it.
+    Checkpoint ckpt({{"v", v}}, {.enable_async = true, .max_in_flight = 1});
     EXPECT_EQ(ckpt.save(path("bad/ckpt")), path("bad/ckpt-1"));  // returns: the write is pending
     try {
       ckpt.sync();
@@ -421,6 +425,127 @@ TEST_F(CheckpointTest, AsyncWriteErrorSurfacesOnTheNextCall) {
   }  // the destructor waits and warns about the unreported error
   ASSERT_EQ(warnings_.size(), 1u);
   EXPECT_NE(warnings_.back().find("asynchronous"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, PipelinedAsyncSavesCommitInSaveOrderAndSyncWaitsForAll) {
+  // Every third save is 100 times larger, so later saves finish writing before earlier ones;
+  // a reader polling the state file must still only ever see ckpt-1..ckpt-k, each complete.
+  Variable v("v", Tensor::scalar(0.0f));
+  int64_t k = 0;
+  auto big = [&] { return Shape{k % 3 == 1 ? int64_t{1} << 20 : int64_t{1} << 10}; };
+  Checkpoint ckpt({{"v", v},
+                   {"k", k},
+                   {"blob", Trackable::value([&] { return Tensor::full(big(), float(k)); },
+                                             [](const Tensor&) {})}},
+                  {.enable_async = true, .max_in_flight = 8});
+  std::atomic<bool> done{false};
+  std::atomic<int> polls{0}, bad{0};
+  std::string bad_state;
+  std::thread reader([&] {
+    int64_t newest = 0;
+    while (!done.load()) {
+      std::string text;
+      try {
+        text = read_file(path("checkpoint"));
+      } catch (const NotFoundError&) {
+        std::this_thread::yield();
+        continue;
+      }
+      ++polls;
+      const auto st = parse_checkpoint_state(text, "state");
+      const auto& ps = st.all_model_checkpoint_paths;
+      bool ok = !ps.empty() && st.model_checkpoint_path == ps.back();
+      for (size_t i = 0; ok && i < ps.size(); ++i) ok = ps[i] == "ckpt-" + std::to_string(i + 1);
+      ok = ok && static_cast<int64_t>(ps.size()) >= newest;
+      if (ok) newest = static_cast<int64_t>(ps.size());
+      // Named means complete: its index (written last, after the data) is there.
+      ok = ok && fs::exists(path(ps.back() + ".index"));
+      if (!ok && bad++ == 0) bad_state = text;
+    }
+  });
+  constexpr int kSaves = 24;
+  for (k = 1; k <= kSaves; ++k) {
+    v.tensor().fill(static_cast<float>(k));
+    EXPECT_EQ(ckpt.save(path("ckpt")), path("ckpt-" + std::to_string(k)));
+    v.tensor().fill(-1.0f);  // after save() returned: must not reach the file
+  }
+  ckpt.sync();  // waits for all of them
+  done = true;
+  reader.join();
+  EXPECT_EQ(bad.load(), 0) << bad_state;
+  EXPECT_GT(polls.load(), 0);
+  const auto st = read_checkpoint_state(dir_);
+  ASSERT_TRUE(st.has_value());
+  ASSERT_EQ(st->all_model_checkpoint_paths.size(), static_cast<size_t>(kSaves));
+  EXPECT_EQ(latest_checkpoint(dir_), path("ckpt-" + std::to_string(kSaves)));
+  for (int i = 1; i <= kSaves; ++i) {
+    EXPECT_EQ(st->all_model_checkpoint_paths[static_cast<size_t>(i - 1)],
+              path("ckpt-" + std::to_string(i)));
+    Variable r("v", Tensor::scalar(0.0f));
+    int64_t rk = 0;
+    Checkpoint reader_ckpt({{"v", r}, {"k", rk}});
+    reader_ckpt.restore(path("ckpt-" + std::to_string(i))).expect_partial();
+    EXPECT_EQ(r.tensor().data<float>()[0], static_cast<float>(i));
+    EXPECT_EQ(rk, i);
+  }
+  EXPECT_TRUE(warnings_.empty());
+  EXPECT_THROW(Checkpoint({{"v", v}}, {.max_in_flight = 0}), InvalidArgumentError);
+}
+
+TEST_F(CheckpointTest, PipelinedWriteErrorSurfacesOnceAndNothingAfterItCommits) {
+  // ckpt-3's data file cannot be renamed into place; ckpt-1..6 are queued before it fails.
+  fs::create_directories(path("ckpt-3.data-00000-of-00001"));
+  Variable v("v", Tensor::full(Shape{1 << 16}, 0.0f));
+  Checkpoint ckpt({{"v", v}}, {.enable_async = true, .max_in_flight = 8});
+  std::vector<std::string> before, after;  // paths returned before / after the error surfaced
+  int errors = 0;
+  auto check_error = [&](const Error& e) {
+    ++errors;
+    EXPECT_NE(std::string(e.what()).find(path("ckpt-3.data-00000-of-00001")), std::string::npos)
+        << e.what();
+  };
+  for (int i = 1; i <= 6; ++i) {
+    v.tensor().fill(static_cast<float>(i));
+    try {
+      (errors ? after : before).push_back(ckpt.save(path("ckpt")));
+    } catch (const Error& e) {
+      check_error(e);
+    }
+  }
+  try {
+    ckpt.sync();
+  } catch (const Error& e) {
+    check_error(e);
+  }
+  EXPECT_EQ(errors, 1);
+  EXPECT_NO_THROW(ckpt.sync());  // reported once
+  ASSERT_GE(before.size(), 3u);
+  EXPECT_EQ(before[2], path("ckpt-3"));
+  // Committed: ckpt-1, ckpt-2, then only saves made after the error was reported.
+  std::vector<std::string> expected = {path("ckpt-1"), path("ckpt-2")};
+  expected.insert(expected.end(), after.begin(), after.end());
+  const auto st = read_checkpoint_state(dir_);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->all_model_checkpoint_paths, expected);
+  // Saves queued after the failed one were discarded: their files are gone, and a warning said so.
+  for (size_t i = 3; i < before.size(); ++i) {
+    EXPECT_FALSE(fs::exists(before[i] + ".index")) << before[i];
+    EXPECT_FALSE(fs::exists(before[i] + ".data-00000-of-00001")) << before[i];
+  }
+  if (before.size() > 3) {
+    ASSERT_FALSE(warnings_.empty());
+    EXPECT_NE(warnings_[0].find("discarded"), std::string::npos) << warnings_[0];
+  }
+  EXPECT_TRUE(fs::is_directory(path("ckpt-3.data-00000-of-00001")));  // not the writer's to remove
+  // The pipeline keeps working.
+  v.tensor().fill(42.0f);
+  const std::string next = ckpt.save(path("ckpt"));
+  ckpt.sync();
+  EXPECT_EQ(latest_checkpoint(dir_), next);
+  Variable r("v", Tensor::zeros(Shape{1 << 16}));
+  Checkpoint reader({{"v", r}});
+  reader.restore_latest(dir_)->assert_consumed();
+  EXPECT_TRUE(r.tensor().equals(Tensor::full(Shape{1 << 16}, 42.0f)));
 }
 
 TEST_F(CheckpointTest, UnconsumedValuesWarnUnlessExpectPartial) {

@@ -1,6 +1,7 @@
 // Crash safety of checkpoints with real processes: a child saves checkpoints in a loop (through
-// CheckpointManager, sync or async) and is SIGKILLed at a random moment; afterwards restoring
-// the latest checkpoint must give exactly one of the states that was saved, never a torn one.
+// CheckpointManager: sync, async one at a time, or async with up to 8 saves written
+// concurrently) and is SIGKILLed at a random moment; afterwards restoring the latest checkpoint
+// must give exactly one of the states that was saved, never a torn one.
 // A full disk (RLIMIT_FSIZE in a child, SIGXFSZ ignored) must fail the save cleanly and leave
 // the previous checkpoint intact.
 #include <gtest/gtest.h>
@@ -71,10 +72,11 @@ struct State {
 // The child: resumes from the latest checkpoint and saves states k+1, k+2, ... until killed.
 // Once its first checkpoint is committed it writes a byte to `ready_fd`, so that every trial
 // makes progress whatever the machine's speed.
-[[noreturn]] void run_writer(const std::string& dir, bool async, int ready_fd) {
+// `max_in_flight` > 1 pipelines async saves: several are written at once, committed in order.
+[[noreturn]] void run_writer(const std::string& dir, bool async, int max_in_flight, int ready_fd) {
   try {
     State s;
-    Checkpoint ckpt(s.trackables(), {.enable_async = async});
+    Checkpoint ckpt(s.trackables(), {.enable_async = async, .max_in_flight = max_in_flight});
     CheckpointManager manager(ckpt, dir, {.max_to_keep = 3});
     manager.restore_or_initialize();
     for (int64_t k = s.step + 1;; ++k) {
@@ -111,8 +113,8 @@ class CrashTest : public ::testing::Test {
   std::vector<std::string> warnings_;
 };
 
-void kill_trials(const std::string& dir, bool async, int trials, std::mt19937& rng,
-                 std::vector<std::string>& warnings) {
+void kill_trials(const std::string& dir, bool async, int max_in_flight, int trials,
+                 std::mt19937& rng, std::vector<std::string>& warnings) {
   int64_t last_k = 0;
   int restored_trials = 0;
   std::uniform_int_distribution<int> delay_us(0, 20000);
@@ -123,7 +125,7 @@ void kill_trials(const std::string& dir, bool async, int trials, std::mt19937& r
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::close(fds[0]);
-      run_writer(dir, async, fds[1]);
+      run_writer(dir, async, max_in_flight, fds[1]);
     }
     ::close(fds[1]);
     char byte = 0;
@@ -162,20 +164,29 @@ void kill_trials(const std::string& dir, bool async, int trials, std::mt19937& r
     EXPECT_GE(k, last_k) << "trial " << t << ": went back in time";
     last_k = k;
   }
-  std::printf("%d kill trials (%s): %d restored, newest checkpoint %lld\n", trials,
-              async ? "async" : "sync", restored_trials, static_cast<long long>(last_k));
+  std::printf("%d kill trials (%s, max_in_flight %d): %d restored, newest checkpoint %lld\n",
+              trials, async ? "async" : "sync", max_in_flight, restored_trials,
+              static_cast<long long>(last_k));
   EXPECT_EQ(restored_trials, trials);
   EXPECT_GE(last_k, trials);  // each writer committed at least one checkpoint
 }
 
 TEST_F(CrashTest, KillDuringSyncSavesAlwaysLeavesAValidLatestCheckpoint) {
   std::mt19937 rng(12345);
-  kill_trials(dir_, /*async=*/false, 60, rng, warnings_);
+  kill_trials(dir_, /*async=*/false, 1, 60, rng, warnings_);
 }
 
 TEST_F(CrashTest, KillDuringAsyncSavesAlwaysLeavesAValidLatestCheckpoint) {
   std::mt19937 rng(54321);
-  kill_trials(dir_, /*async=*/true, 60, rng, warnings_);
+  kill_trials(dir_, /*async=*/true, /*max_in_flight=*/1, 60, rng, warnings_);
+}
+
+TEST_F(CrashTest, KillDuringPipelinedAsyncSavesAlwaysLeavesAValidLatestCheckpoint) {
+  // Up to 8 saves in flight: killed while several are being written, one is being committed
+  // and old ones are being deleted; the state file must only ever name complete checkpoints,
+  // in save order.
+  std::mt19937 rng(2468);
+  kill_trials(dir_, /*async=*/true, /*max_in_flight=*/8, 60, rng, warnings_);
 }
 
 // Runs `body` in a child whose files may not exceed `limit` bytes; returns its exit code.

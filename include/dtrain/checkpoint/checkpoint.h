@@ -11,8 +11,8 @@
 // (tensor_bundle.h), so tf.train.load_checkpoint and tf.train.Checkpoint.restore read it.
 // docs/checkpoints.md has the key scheme, the crash-safety guarantees and the async semantics.
 // A Checkpoint holds references to the objects it tracks (they must outlive it) and is not
-// thread-safe: one thread calls save/write/restore/sync; with enable_async a background thread
-// of its own writes.
+// thread-safe: one thread calls save/write/restore/sync; with enable_async a small pool of
+// writer threads of its own writes and commits.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,7 @@ namespace dtrain::checkpoint {
 namespace detail {
 struct TrackableExtra;
 struct GraphView;
+class AsyncWriter;
 }  // namespace detail
 
 // Something a checkpoint can save and restore: a reference to a model, layer, optimizer,
@@ -106,10 +107,15 @@ class Trackable {
 };
 
 struct CheckpointOptions {
-  bool enable_async = false;  // save()/write() snapshot the values into memory and return; a
-                              // background thread writes (tf.train.CheckpointOptions)
+  bool enable_async = false;  // save()/write() snapshot the values into memory and return;
+                              // background threads write (tf.train.CheckpointOptions)
   bool sync_to_disk = true;   // fsync files and directories; false only where durability does
                               // not matter (tests on tmpfs, benchmarks of the format itself)
+  int max_in_flight = 8;      // async: snapshots queued or being written at once, written
+                              // concurrently and committed in save order; save() blocks while
+                              // the queue is full. 1: each save waits for the previous one
+  int64_t max_in_flight_bytes = int64_t{256} << 20;  // async: and at most this many bytes of
+                                                     // snapshots (one snapshot always fits)
 };
 
 // What restore() matched. TF's CheckpointLoadStatus: the assertions throw
@@ -149,7 +155,7 @@ class Checkpoint {
   // `root` itself as the root object (keys start at its children, as with Keras's
   // model.save_weights(prefix) in TF format).
   explicit Checkpoint(Trackable root, CheckpointOptions options = {});
-  // Waits for a pending async write; an error it raised is reported through the warning
+  // Waits for the pending async writes; an error they raised is reported through the warning
   // handler (a destructor cannot throw).
   ~Checkpoint();
   Checkpoint(const Checkpoint&) = delete;
@@ -159,9 +165,11 @@ class Checkpoint {
   // commits it by rewriting `<dir>/checkpoint` to name it as the newest (earlier entries whose
   // files still exist stay listed, so restore_latest can fall back to them). Returns the
   // written prefix. Sync: blocks until everything is fsynced. Async: returns after snapshotting
-  // the values; the checkpoint is committed later by the background thread. Waits for the
-  // previous async write first and rethrows its error. Throws ResourceExhaustedError on a full
-  // disk and other Errors naming the file; the previous checkpoints stay intact.
+  // the values; a writer thread writes it and commits it after every earlier save; blocks only
+  // while max_in_flight snapshots are pending (and for the earlier writes when it overwrites a
+  // prefix that is pending or committed). Rethrows, once, an earlier async write's error that
+  // has been detected by then. Throws ResourceExhaustedError on a full disk and other Errors
+  // naming the file; the previous checkpoints stay intact.
   std::string save(const std::string& file_prefix);
   // Writes `file_prefix` as given, without save_counter increment or state-file update
   // (tf.train.Checkpoint.write). Returns `file_prefix`. Blocks and throws like save().
@@ -171,7 +179,7 @@ class Checkpoint {
   // latest_checkpoint()) holds for this checkpoint's objects, including save_counter. A
   // checkpoint without an object graph (TF1 style) is matched by variable names instead of
   // object paths. All matched tensors are read and CRC-verified before any object is changed,
-  // so a failed restore leaves every object as it was. Waits for a pending async write first.
+  // so a failed restore leaves every object as it was. Waits for pending async writes first.
   // Throws NotFoundError (no `<save_path>.index`), DataLossError naming the file and the tensor
   // (corrupt, torn or truncated checkpoint), InvalidArgumentError (a value whose dtype or
   // shape differs from the object's, naming both), FailedPreconditionError (the checkpoint has
@@ -184,7 +192,8 @@ class Checkpoint {
   // every committed checkpoint is corrupt, and restore()'s other errors.
   std::optional<CheckpointLoadStatus> restore_latest(const std::string& directory);
 
-  // Waits until a pending async write is on disk and committed; rethrows its error (once).
+  // Waits until every pending async write is on disk and committed (or discarded after an
+  // earlier failure); rethrows the first error (once).
   void sync();
 
   // Number of save() calls, including those of the checkpoint this one was restored from.
@@ -195,13 +204,23 @@ class Checkpoint {
 
  private:
   friend class CheckpointManager;
-  struct Snapshot;
-  // Snapshots (copies when async) and writes `prefix`; then runs `on_written(prefix)` on the
-  // writing thread (the caller's when sync). Waits for the previous write first.
-  void write_internal(const std::string& prefix,
-                      std::function<void(const std::string&)> on_written);
+  // Commits written prefixes (oldest first): runs on the committing thread (the caller's when
+  // sync) after they and every earlier save are durable; one call may cover several
+  // consecutive saves of the same commit group.
+  using CommitFn = std::function<void(const std::vector<std::string>& prefixes)>;
+  // Snapshots (copies when async) and writes `prefix`, then commits it with `commit` (none for
+  // write()). Async: blocks while the byte budget is full; earlier writes of the same prefix
+  // are waited for first.
+  void write_internal(const std::string& prefix, std::string commit_group, CommitFn commit);
+  // Async: blocks until a pipeline slot is free; rethrows a detected write error (once).
+  void reserve_slot();
+  // Async: rethrows a detected write error (once) without waiting.
+  void check_write_error();
+  // Async: whether a pending write has this prefix.
+  bool writing(const std::string& prefix) const;
   void wait_for_write();
-  void write_snapshot(const std::string& prefix, const Snapshot& snapshot);
+  void write_bundle(const std::string& prefix, const std::string& graph,
+                    const std::vector<std::pair<std::string, Tensor>>& tensors) const;
   std::vector<std::pair<std::string, Trackable>> root_children();
 
   std::vector<std::pair<std::string, Trackable>> children_;
@@ -209,8 +228,7 @@ class Checkpoint {
   CheckpointOptions options_;
   Variable save_counter_;
   bool save_counter_tracked_ = false;
-  std::thread writer_;
-  std::exception_ptr write_error_;
+  std::unique_ptr<detail::AsyncWriter> writer_;  // enable_async only
 };
 
 // The newest committed checkpoint prefix in `directory` (from its `checkpoint` state file), or

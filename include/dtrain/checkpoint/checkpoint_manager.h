@@ -3,7 +3,8 @@
 // the `checkpoint` state file, and only then deletes checkpoints beyond max_to_keep (keeping
 // one every keep_checkpoint_every_n_hours). restore_or_initialize() restores the newest valid
 // committed checkpoint, falling back past corrupt ones. Not thread-safe (one thread calls it);
-// with an async Checkpoint, the commit and the deletions run on the checkpoint's writer thread.
+// with an async Checkpoint, the commits and the deletions run on the checkpoint's writer
+// threads, one at a time and in save order.
 #pragma once
 
 #include <cstdint>
@@ -44,9 +45,11 @@ class CheckpointManager {
   // Writes a checkpoint numbered `checkpoint_number` (default: the checkpoint's save_counter,
   // incremented first), commits it, then deletes what retention no longer keeps. Returns its
   // prefix, or nullopt when checkpoint_interval says it is too early (with check_interval).
-  // Sync: blocks until committed. Async: returns after snapshotting; commit and deletion
-  // happen on the writer thread. Throws like Checkpoint::save (a previous async write's error
-  // included); the previous checkpoints stay intact and committed.
+  // Sync: blocks until committed. Async: returns after snapshotting (blocking only while the
+  // checkpoint's max_in_flight saves are pending, or for all of them when it overwrites a
+  // tracked or pending checkpoint); commit and deletion happen on a writer thread, in save
+  // order, only after every earlier save is committed. Throws like Checkpoint::save (a detected
+  // earlier async error included, once); the previous checkpoints stay intact and committed.
   std::optional<std::string> save(std::optional<int64_t> checkpoint_number = std::nullopt,
                                   bool check_interval = true);
   // The newest committed checkpoint, or nullopt.
@@ -57,23 +60,28 @@ class CheckpointManager {
   // are skipped with a warning) and returns its prefix; with none, calls init_fn (if any) and
   // returns nullopt. Throws like Checkpoint::restore_latest.
   std::optional<std::string> restore_or_initialize();
-  // Waits for a pending async save and rethrows its error.
+  // Waits for every pending async save and rethrows the first error (once).
   void sync();
 
   const std::string& directory() const { return directory_; }
   Checkpoint& checkpoint() { return checkpoint_; }
 
  private:
-  void on_written(const std::string& path, double timestamp);
-  void record_state();
-  // Drops what retention no longer keeps from the list; returns the paths to delete.
-  std::vector<std::string> sweep();
+  // Commits `paths` (written, oldest first) with one state-file write, then deletes what
+  // retention no longer keeps. Runs on the committing thread.
+  void on_written(const std::vector<std::string>& paths, double timestamp);
+  // Writes the state file listing `kept` (oldest first) with `latest` as the newest.
+  void write_state(const std::vector<std::pair<std::string, double>>& kept,
+                   const std::optional<std::string>& latest, double last_preserved_timestamp) const;
+  // Drops what retention no longer keeps from `kept`; returns the paths to delete.
+  std::vector<std::string> sweep(std::vector<std::pair<std::string, double>>& kept,
+                                 double& last_preserved_timestamp) const;
 
   Checkpoint& checkpoint_;
   std::string directory_;
   std::string prefix_;
   CheckpointManagerOptions options_;
-  mutable std::mutex mu_;  // guards the fields below (the writer thread updates them)
+  mutable std::mutex mu_;  // guards the fields below (the committing thread updates them)
   std::vector<std::pair<std::string, double>> maybe_delete_;  // path, timestamp; oldest first
   std::optional<std::string> latest_;
   double last_preserved_timestamp_ = 0;

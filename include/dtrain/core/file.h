@@ -14,7 +14,8 @@
 namespace dtrain {
 
 struct AtomicFileOptions {
-  bool sync = true;               // fsync the file before the rename and the directory after it
+  bool sync = true;               // fdatasync the file before the rename and fsync the directory
+                                  // after it
   bool sync_directory = true;     // with sync: fsync the directory after the rename; false when a
                                   // later rename in the same directory fsyncs it for both
   size_t buffer_size = 1u << 20;  // appends smaller than this are coalesced; larger ones go
@@ -41,8 +42,8 @@ class AtomicFile {
   // Bytes appended so far.
   uint64_t size() const { return size_; }
 
-  // Flushes, fsyncs (options.sync), closes, renames over the destination and fsyncs the
-  // directory (options.sync). Blocks for the duration of the fsyncs. Throws like append();
+  // Flushes, fdatasyncs (options.sync), closes, renames over the destination and fsyncs the
+  // directory (options.sync). Blocks for the duration of the syncs. Throws like append();
   // on failure the destination is unchanged and the temporary file is removed.
   void commit();
   // Removes the temporary file; the destination is unchanged. Idempotent; never throws.

@@ -10,14 +10,24 @@
 #include "commands.h"
 #include "dtrain/core/error.h"
 #include "dtrain/fault/launch_agent.h"
+#include "launch_ps.h"
 
 namespace dtrain::cli {
 namespace {
 
 fault::LaunchOptions options;
 std::string nnodes = "1";
+int ps_servers = 0;
+int ps_workers = 0;
 
 int run_launch() {
+  if (ps_servers > 0) {
+    return run_launch_ps({.ps = ps_servers,
+                          .workers = ps_workers,
+                          .max_restarts = options.max_restarts,
+                          .grace_period_s = options.grace_period_s,
+                          .command = options.command});
+  }
   const auto [lo, hi] = fault::parse_nnodes(nnodes);
   options.min_nodes = lo;
   options.max_nodes = hi;
@@ -92,6 +102,10 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
                   "Append every failure, restart and recovery to this JSON-lines file");
   cmd->add_option("--logdir", options.logdir,
                   "TensorBoard directory: the launcher writes its events to LOGDIR/launcher");
+  cmd->add_option("--ps", ps_servers,
+                  "Start a ParameterServerStrategy job instead: this many `dtrain ps` servers, "
+                  "--workers workers and a chief, with TF_CONFIG (docs/parameter-server.md)");
+  cmd->add_option("--workers", ps_workers, "Workers of a --ps job (besides the chief)");
   cmd->add_option("command", options.command, "PROGRAM ARGS... (after --)")->required();
   cmd->callback([&run] { run = run_launch; });
 }

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "dtrain/core/error.h"
+#include "dtrain/fault/progress_reporter.h"
 
 namespace {
 
@@ -35,6 +36,14 @@ int exit_code(dtrain::ErrorCode code) {
 
 }  // namespace
 
+// The sub-commands that start or serve processes rather than train: no progress reporter.
+bool launching(const CLI::App& app) {
+  for (const char* name : {"launch", "ps", "ckpt", "events"}) {
+    if (app.got_subcommand(name)) return true;
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "dtrain: distributed neural-network training with TensorFlow/Keras semantics, in C++.\n"
@@ -54,6 +63,9 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    // Under dtrain launch, report training progress and heartbeats to the launcher (its
+    // watchdog and heartbeat checks); a no-op otherwise, and for the launcher itself.
+    if (run && !launching(app)) dtrain::fault::install_progress_reporter();
     return run ? run() : 0;
   } catch (const dtrain::Error& e) {
     std::fflush(stdout);

@@ -14,6 +14,7 @@
 #include "dtrain/data/idx.h"
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
+#include "dtrain/distribute/parameter_server_strategy.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/gemm.h"
 #include "dtrain/ops/tensor_ops.h"
@@ -220,6 +221,10 @@ void compile(nn::Model& model, const TrainFlags& f) {
 
 std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
   if (f.strategy == "mirrored") return std::make_unique<distribute::MirroredStrategy>(f.replicas);
+  if (f.strategy == "parameter-server") {
+    // Cluster from TF_CONFIG (chief, worker and ps tasks), e.g. under dtrain launch --ps N.
+    return std::make_unique<distribute::ParameterServerStrategy>();
+  }
   if (f.strategy == "multi-worker") {
     return std::make_unique<distribute::MultiWorkerMirroredStrategy>(
         distribute::MultiWorkerOptions{.local_replicas = std::max(1, f.replicas)});
@@ -284,9 +289,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
   fit->add_flag("--resume", train_flags.resume,
                 "Resume exactly from the newest valid checkpoint in --checkpoint-dir");
   fit->add_option("--strategy", train_flags.strategy,
-                  "one (default), mirrored (replicas as threads), or multi-worker (one process "
-                  "per worker; cluster from TF_CONFIG, Slurm, Open MPI or dtrain launch)")
-      ->check(CLI::IsMember({"one", "mirrored", "multi-worker"}));
+                  "one (default), mirrored (replicas as threads), multi-worker (one process "
+                  "per worker; cluster from TF_CONFIG, Slurm, Open MPI or dtrain launch), or "
+                  "parameter-server (TF_CONFIG with ps tasks; dtrain launch --ps N --workers M)")
+      ->check(CLI::IsMember({"one", "mirrored", "multi-worker", "parameter-server"}));
   fit->add_option("--replicas", train_flags.replicas,
                   "Replica threads per process for mirrored/multi-worker (default: mirrored one "
                   "per core, multi-worker 1)");
@@ -339,7 +345,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (chief) std::printf("trained %d epochs in %.2f s\n", train_flags.epochs, secs);
-      if (d.test.x.defined()) {
+      // Under parameter servers only the chief holds a copy of the variables to evaluate;
+      // under the other strategies evaluate is a collective every worker joins.
+      const bool ps = train_flags.strategy == "parameter-server";
+      if (d.test.x.defined() && (chief || !ps)) {
         const nn::Logs test = model->evaluate(d.test.x, d.test.y, {.batch_size = 256});
         if (chief) print_logs("test", test);
       }

@@ -103,7 +103,8 @@ void report_resume_to_launcher(const std::string& path, int64_t global_step) {
     distribute::CoordinationClient client(env.rdzv, {.connect_timeout = std::chrono::seconds(5),
                                                      .rpc_timeout = std::chrono::seconds(5)});
     client.set(str_cat("resumed/", env.generation, "/", env.rank), std::to_string(global_step));
-    client.set(str_cat("resumed_from/", env.generation, "/", env.rank), path);
+    client.set(str_cat("resumed_from/", env.generation, "/", env.rank),
+               std::filesystem::path(path).filename().string());
   } catch (const Error& e) {
     std::cerr << "BackupAndRestore: could not report the resume point to the launcher: " << e.what()
               << "\n";

@@ -12,6 +12,7 @@ MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& opti
     : num_replicas_(num_replicas == 0 ? hardware_concurrency() : num_replicas) {
   DTRAIN_CHECK(num_replicas >= 0, "MirroredStrategy: num_replicas is ", num_replicas,
                ", must be >= 0 (0: one per core)");
+  if (options.report_tensorboard) tensorboard_logdir_ = options.logdir;
   DTRAIN_CHECK(options.blas_threads >= -1, "MirroredStrategy: blas_threads is ",
                options.blas_threads);
   if (options.blas_threads != -1) {

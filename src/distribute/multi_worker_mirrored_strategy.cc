@@ -19,7 +19,9 @@ std::string this_hostname() {
 }  // namespace
 
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOptions& options)
-    : MirroredStrategy(options.local_replicas, {.blas_threads = options.blas_threads}),
+    : MirroredStrategy(options.local_replicas, {.blas_threads = options.blas_threads,
+                                                .report_tensorboard = options.report_tensorboard,
+                                                .logdir = options.logdir}),
       cluster_(options.cluster ? *options.cluster : resolve_cluster()) {
   DTRAIN_CHECK(options.local_replicas >= 1, "MultiWorkerMirroredStrategy: local_replicas is ",
                options.local_replicas, ", must be >= 1");

@@ -311,8 +311,10 @@ train::History run_fit(Model& model,
         options.checkpoint_dir,
         train::BackupAndRestoreOptions{.save_freq = options.checkpoint_every}));
   }
-  if (!options.logdir.empty())
-    callbacks.push_back(std::make_shared<train::TensorBoard>(options.logdir));
+  // The strategy's report_tensorboard (the tutorial's option) stands in for a logdir.
+  std::string logdir = options.logdir;
+  if (logdir.empty() && s.strategy != nullptr) logdir = s.strategy->tensorboard_logdir();
+  if (!logdir.empty()) callbacks.push_back(std::make_shared<train::TensorBoard>(logdir));
   callbacks.push_back(history);
   for (const auto& cb : callbacks) cb->set_model(&model);
   std::optional<data::Dataset> validation;
@@ -337,6 +339,25 @@ train::History run_fit(Model& model,
   int64_t first_epoch = options.initial_epoch;
   int64_t first_step = 0;
   const bool resuming = s.resume.epoch >= 0;
+  if (resuming) {
+    // Say in TensorBoard where this run picked up (the launcher reports the failure itself).
+    for (const auto& cb : callbacks) {
+      auto* tb = dynamic_cast<train::TensorBoard*>(cb.get());
+      if (tb == nullptr) continue;
+      std::string from;
+      for (const auto& other : callbacks) {
+        if (auto* b = dynamic_cast<train::BackupAndRestore*>(other.get());
+            b && b->restored_from()) {
+          from = *b->restored_from();
+        }
+      }
+      tb->text("dtrain/recovery",
+               str_cat("resumed from ", from.empty() ? std::string("a backup") : from, " at epoch ",
+                       s.resume.epoch + 1, ", step ", s.resume.step, " (global step ",
+                       s.optimizer->iterations(), ")"),
+               s.optimizer->iterations());
+    }
+  }
   if (resuming) {
     first_epoch = s.resume.epoch;
     first_step = s.resume.step;

@@ -92,3 +92,25 @@ TEST(TensorBoardCallback, FitLogdirOptionAddsTheCallback) {
 
 }  // namespace
 }  // namespace dtrain::train
+
+#include "dtrain/distribute/mirrored_strategy.h"
+
+namespace dtrain::train {
+namespace {
+
+// The tutorial's MirroredStrategy/MultiWorkerMirroredStrategy(report_tensorboard=true).
+TEST(TensorBoardCallback, StrategyReportTensorboardWritesEventFiles) {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_tb3_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  distribute::MirroredStrategy strategy(2, {.report_tensorboard = true, .logdir = dir.string()});
+  auto scope = strategy.scope();
+  nn::Sequential model({nn::Dense(2, {.input_shape = Shape{3}})});
+  model.compile({.optimizer = "sgd", .loss = "mse"});
+  const Tensor x = Tensor::ones(Shape{8, 3}), y = Tensor::zeros(Shape{8, 2});
+  model.fit(x, y, {.epochs = 3, .batch_size = 4, .verbose = 0});
+  EXPECT_EQ(scalars(dir / "train").at("epoch_loss").size(), 3u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace dtrain::train

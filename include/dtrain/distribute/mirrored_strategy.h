@@ -22,6 +22,9 @@ struct MirroredOptions {
   // and BLAS threads do not fight over cores; -1 = leave the setting alone; n > 0 = n.
   // The previous setting is restored when the strategy is destroyed.
   int blas_threads = 0;
+  // Write TensorBoard event files from fit() (chief only) under `logdir`.
+  bool report_tensorboard = false;
+  std::string logdir = "logs";
 };
 
 class MirroredStrategy : public Strategy {

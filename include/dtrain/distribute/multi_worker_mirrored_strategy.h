@@ -38,6 +38,8 @@ struct MultiWorkerOptions {
   std::string host = "";    // address collectives bind; default: the cluster's host for this task
   std::string run_id = "";  // default: the cluster's, else "default"
   std::optional<int64_t> generation = std::nullopt;  // default: the cluster's, else a ticket
+  bool report_tensorboard = false;  // the tutorial's option: fit() writes TensorBoard files
+  std::string logdir = "logs";      // where (chief only), with recovery reports
 };
 
 class MultiWorkerMirroredStrategy final : public MirroredStrategy {

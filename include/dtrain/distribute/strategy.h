@@ -97,6 +97,14 @@ class Strategy {
     Strategy* previous_;
   };
   [[nodiscard]] ScopeGuard scope() { return ScopeGuard(this); }
+
+  // The tutorial's report_tensorboard=true: when not empty, fit() under this strategy writes
+  // TensorBoard event files (scalars, and text entries for recoveries) under this directory,
+  // on the chief only. Set through the strategies' options.
+  const std::string& tensorboard_logdir() const { return tensorboard_logdir_; }
+
+ protected:
+  std::string tensorboard_logdir_;
 };
 
 // The strategy of the innermost live scope on this thread, or null (single replica). Replica

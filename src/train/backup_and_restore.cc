@@ -171,7 +171,10 @@ void BackupAndRestore::backup() {
     ms[2 * i] = total;
     ms[2 * i + 1] = count;
   }
+  const auto start = std::chrono::steady_clock::now();
   st.manager->save();
+  model()->training_state()->last_checkpoint_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   steps_since_backup_ = 0;
 }
 

@@ -57,6 +57,9 @@ void TensorBoard::on_epoch_end(int64_t epoch, const Logs& logs) {
   if (s != nullptr && s->optimizer != nullptr) {
     train_->scalar("epoch_learning_rate", s->optimizer->learning_rate(), epoch);
   }
+  if (s != nullptr && s->last_checkpoint_seconds > 0) {
+    train_->scalar("epoch_checkpoint_save_seconds", s->last_checkpoint_seconds, epoch);
+  }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
   if (epoch_steps_ > 0 && secs > 0) {

@@ -112,5 +112,24 @@ TEST(TensorBoardCallback, StrategyReportTensorboardWritesEventFiles) {
   fs::remove_all(dir);
 }
 
+TEST(TensorBoardCallback, ReportsCheckpointSaveTimeWithBackups) {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_tb4_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  nn::Sequential model({nn::Dense(2, {.input_shape = Shape{3}})});
+  model.compile({.optimizer = "sgd", .loss = "mse"});
+  const Tensor x = Tensor::ones(Shape{8, 3}), y = Tensor::zeros(Shape{8, 2});
+  model.fit(x, y,
+            {.epochs = 2,
+             .batch_size = 4,
+             .verbose = 0,
+             .save_checkpoints = true,
+             .checkpoint_dir = (dir / "backup").string(),
+             .logdir = (dir / "tb").string()});
+  const auto train = scalars(dir / "tb" / "train");
+  ASSERT_EQ(train.at("epoch_checkpoint_save_seconds").size(), 2u);
+  EXPECT_GT(train.at("epoch_checkpoint_save_seconds").at(1), 0.0);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace dtrain::train

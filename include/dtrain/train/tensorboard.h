@@ -1,6 +1,7 @@
 // The TensorBoard callback (keras.callbacks.TensorBoard): writes TensorBoard event files under
 // log_dir/train and log_dir/validation as Keras does — "epoch_loss", "epoch_accuracy", ... at
-// step = epoch, "epoch_learning_rate" and "epoch_steps_per_second", and with update_freq = N
+// step = epoch, "epoch_learning_rate", "epoch_steps_per_second" and, with backups,
+// "epoch_checkpoint_save_seconds", and with update_freq = N
 // also "batch_loss", ... every N steps at the global step. Under a multi-worker strategy only
 // the chief writes. Text entries (failures, restarts, recoveries) go to log_dir/train through
 // text(). Used from the thread that calls fit(); text() is thread-safe.

@@ -149,6 +149,9 @@ class TrainingState {
   int64_t step_in_epoch = 0;
   data::IteratorState data_position;
   std::optional<uint64_t> data_seed;
+  // Seconds the last backup kept the training loop waiting (BackupAndRestore sets it; the
+  // TensorBoard callback reports it as epoch_checkpoint_save_seconds).
+  double last_checkpoint_seconds = 0;
   // Set by a callback's on_train_begin to resume mid-run: fit() starts at `epoch`, skips
   // `step` batches of it (the restored metric states are kept), and rebuilds fit(x, y)'s
   // dataset with `data_seed`.

@@ -18,7 +18,7 @@ const std::string kWorker = DTRAIN_FIT_WORKER;
 
 std::vector<std::string> args(const std::string& out, const std::string& ckpt) {
   std::vector<std::string> a = {kWorker,    "--mode", "single",          "--out", out,
-                                "--epochs", "200",    "--step-delay-us", "400"};
+                                "--epochs", "800",    "--step-delay-us", "400"};
   if (!ckpt.empty()) {
     a.insert(a.end(), {"--checkpoint-dir", ckpt, "--checkpoint-every", "7"});
   }

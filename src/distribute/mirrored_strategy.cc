@@ -1,12 +1,32 @@
 // MirroredStrategy's persistent replica threads and BLAS thread sizing; OneDeviceStrategy.
 #include "dtrain/distribute/mirrored_strategy.h"
 
+#include <chrono>
+
 #include "dtrain/core/error.h"
 #include "dtrain/core/thread_pool.h"
 #include "dtrain/ops/gemm.h"
 #include "replica_context.h"
 
 namespace dtrain::distribute {
+namespace {
+
+// Spins for up to 100 µs until `ready()`; returns whether it became true. A step of a small
+// model takes tens of microseconds, less than a futex wake-up on a VM, so a short spin before
+// sleeping keeps the replicas in step.
+template <class F>
+bool spin_until(F&& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return false;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
+}  // namespace
 
 MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& options)
     : num_replicas_(num_replicas == 0 ? hardware_concurrency() : num_replicas) {
@@ -28,7 +48,7 @@ MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& opti
 MirroredStrategy::~MirroredStrategy() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (auto& t : threads_) t.join();
@@ -39,20 +59,28 @@ void MirroredStrategy::replica_loop(int replica) {
   set_current_local_replica(replica);
   ScopeGuard scope(this);
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-    if (stop_) return;
-    seen = generation_;
-    const auto* fn = fn_;
-    lock.unlock();
+    const auto published = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(published)) {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, published);
+    }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const auto* fn = fn_.load(std::memory_order_relaxed);
     try {
       (*fn)(replica);
     } catch (...) {
       errors_[replica] = std::current_exception();
     }
-    lock.lock();
-    if (--pending_ == 0) done_cv_.notify_all();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // Under the mutex, so that a controlling thread about to sleep cannot miss it.
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_all();
+    }
   }
 }
 
@@ -64,9 +92,9 @@ void MirroredStrategy::run(const std::function<void(int local_replica)>& fn) {
   for (auto& e : errors_) e = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    pending_ = num_replicas_ - 1;
-    ++generation_;
+    fn_.store(&fn, std::memory_order_relaxed);
+    pending_.store(num_replicas_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   set_current_local_replica(0);
@@ -77,11 +105,11 @@ void MirroredStrategy::run(const std::function<void(int local_replica)>& fn) {
     errors_[0] = std::current_exception();
   }
   set_current_local_replica(-1);
-  {
+  if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
-    fn_ = nullptr;
+    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
+  fn_.store(nullptr, std::memory_order_relaxed);
   running_ = false;
   for (auto& e : errors_) {
     if (e) std::rethrow_exception(e);

@@ -6,6 +6,7 @@
 // threads, which persist for the strategy's lifetime.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -61,12 +62,16 @@ class MirroredStrategy : public Strategy {
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
-  const std::function<void(int)>* fn_ = nullptr;  // guarded by mu_
-  uint64_t generation_ = 0;                       // guarded by mu_
-  int pending_ = 0;                               // guarded by mu_
-  bool stop_ = false;                             // guarded by mu_
-  bool running_ = false;                          // controlling thread only
-  std::vector<std::exception_ptr> errors_;        // one per replica
+  // A step is published by bumping generation_ and waited for through pending_. Both are atomic
+  // so that replica threads and the controlling thread can spin on them for a few microseconds
+  // before sleeping on the condition variables (a futex wake-up costs more than a short step).
+  // They are written under mu_, so a sleeper never misses a change.
+  std::atomic<const std::function<void(int)>*> fn_{nullptr};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  bool running_ = false;                    // controlling thread only
+  std::vector<std::exception_ptr> errors_;  // one per replica
 };
 
 // One replica on the calling thread, one worker: the strategy fit uses when none is given.

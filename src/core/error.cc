@@ -41,4 +41,34 @@ const char* error_code_name(ErrorCode code) {
   return "UNKNOWN";
 }
 
+[[noreturn]] void throw_error(ErrorCode code, const std::string& message) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+      throw InvalidArgumentError(message);
+    case ErrorCode::kNotFound:
+      throw NotFoundError(message);
+    case ErrorCode::kAlreadyExists:
+      throw AlreadyExistsError(message);
+    case ErrorCode::kDeadlineExceeded:
+      throw DeadlineExceededError(message);
+    case ErrorCode::kFailedPrecondition:
+      throw FailedPreconditionError(message);
+    case ErrorCode::kAborted:
+      throw AbortedError(message);
+    case ErrorCode::kOutOfRange:
+      throw OutOfRangeError(message);
+    case ErrorCode::kResourceExhausted:
+      throw ResourceExhaustedError(message);
+    case ErrorCode::kUnimplemented:
+      throw UnimplementedError(message);
+    case ErrorCode::kDataLoss:
+      throw DataLossError(message);
+    case ErrorCode::kUnavailable:
+    case ErrorCode::kCancelled:
+      throw UnavailableError(message);
+    default:
+      throw InternalError(message);
+  }
+}
+
 }  // namespace dtrain

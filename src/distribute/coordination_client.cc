@@ -26,34 +26,6 @@ constexpr milliseconds kMaxTimeout = std::chrono::hours(24);
 
 milliseconds clamp_timeout(milliseconds t) { return std::clamp(t, milliseconds(0), kMaxTimeout); }
 
-[[noreturn]] void throw_error(ErrorCode code, const std::string& message) {
-  switch (code) {
-    case ErrorCode::kInvalidArgument:
-      throw InvalidArgumentError(message);
-    case ErrorCode::kNotFound:
-      throw NotFoundError(message);
-    case ErrorCode::kAlreadyExists:
-      throw AlreadyExistsError(message);
-    case ErrorCode::kDeadlineExceeded:
-      throw DeadlineExceededError(message);
-    case ErrorCode::kFailedPrecondition:
-      throw FailedPreconditionError(message);
-    case ErrorCode::kAborted:
-      throw AbortedError(message);
-    case ErrorCode::kOutOfRange:
-      throw OutOfRangeError(message);
-    case ErrorCode::kResourceExhausted:
-      throw ResourceExhaustedError(message);
-    case ErrorCode::kUnimplemented:
-      throw UnimplementedError(message);
-    case ErrorCode::kUnavailable:
-    case ErrorCode::kCancelled:
-      throw UnavailableError(message);
-    default:
-      throw InternalError(message);
-  }
-}
-
 }  // namespace
 
 struct CoordinationClient::Impl {
@@ -92,7 +64,7 @@ struct CoordinationClient::Impl {
       throw DeadlineExceededError(str_cat("coordination ", what, ": no answer from ", address,
                                           " within ", within.count(), " ms"));
     }
-    throw_error(code, status.error_message());
+    dtrain::throw_error(code, status.error_message());
   }
 
   milliseconds wait_deadline(milliseconds timeout) const {

@@ -28,39 +28,9 @@ using Clock = std::chrono::steady_clock;
 
 thread_local int64_t t_closure_id = -1;
 
-[[noreturn]] void throw_code(ErrorCode code, const std::string& message) {
-  switch (code) {
-    case ErrorCode::kInvalidArgument:
-      throw InvalidArgumentError(message);
-    case ErrorCode::kNotFound:
-      throw NotFoundError(message);
-    case ErrorCode::kAlreadyExists:
-      throw AlreadyExistsError(message);
-    case ErrorCode::kDeadlineExceeded:
-      throw DeadlineExceededError(message);
-    case ErrorCode::kFailedPrecondition:
-      throw FailedPreconditionError(message);
-    case ErrorCode::kAborted:
-      throw AbortedError(message);
-    case ErrorCode::kOutOfRange:
-      throw OutOfRangeError(message);
-    case ErrorCode::kResourceExhausted:
-      throw ResourceExhaustedError(message);
-    case ErrorCode::kUnimplemented:
-      throw UnimplementedError(message);
-    case ErrorCode::kDataLoss:
-      throw DataLossError(message);
-    case ErrorCode::kUnavailable:
-    case ErrorCode::kCancelled:
-      throw UnavailableError(message);
-    default:
-      throw InternalError(message);
-  }
-}
-
 std::exception_ptr make_error(ErrorCode code, const std::string& message) {
   try {
-    throw_code(code, message);
+    dtrain::throw_error(code, message);
   } catch (...) {
     return std::current_exception();
   }
@@ -228,7 +198,7 @@ struct ParameterServerStrategy::Impl {
       throw DeadlineExceededError(
           str_cat(ps_names[i], ": no answer to ", what, " within ", within.count(), " ms"));
     }
-    throw_code(code, status.error_message());
+    dtrain::throw_error(code, status.error_message());
   }
 };
 

@@ -62,6 +62,11 @@ DTRAIN_DEFINE_ERROR(UnimplementedError, kUnimplemented)
 DTRAIN_DEFINE_ERROR(InternalError, kInternal)
 #undef DTRAIN_DEFINE_ERROR
 
+// Throws the exception class of `code` (InvalidArgumentError for kInvalidArgument, ...) with
+// `message`: how an error that crossed a process boundary as a code is raised again.
+// kCancelled raises UnavailableError; kOk and unknown codes raise InternalError.
+[[noreturn]] void throw_error(ErrorCode code, const std::string& message);
+
 namespace detail {
 template <class... Args>
 std::string str_cat(Args&&... args) {

@@ -173,6 +173,7 @@ class Agent {
  private:
   bool multi_node() const { return o_.max_nodes > 1; }
   void start_service();
+  dist::CoordinationClientOptions client_options(milliseconds connect_timeout) const;
   Generation form_generation();
   void spawn_group(const Generation& g, std::vector<Worker>& workers);
   Outcome supervise(const Generation& g, std::vector<Worker>& workers);
@@ -190,8 +191,9 @@ class Agent {
   LaunchOptions o_;
   std::unique_ptr<dist::CoordinationServer> server_;
   std::unique_ptr<dist::CoordinationClient> client_;  // null: multi-node on a store URL
-  std::string service_;                               // host:port workers connect to
-  std::string prefix_;                                // "dtrain/<run>/launch/"
+  bool lost_service_ = false;  // calls to the service failed: reconnect before the next round
+  std::string service_;        // host:port workers connect to
+  std::string prefix_;         // "dtrain/<run>/launch/"
   std::unique_ptr<FaultRecorder> recorder_;
   std::unique_ptr<SignalRelay> signals_;
   int restarts_ = 0;
@@ -226,14 +228,24 @@ void Agent::start_service() {
     }
   }
   if (service_.empty()) return;
-  dist::CoordinationClientOptions co{.connect_timeout = ms_of(o_.rdzv_timeout_s),
+  client_ = std::make_unique<dist::CoordinationClient>(service_,
+                                                       client_options(ms_of(o_.rdzv_timeout_s)));
+}
+
+dist::CoordinationClientOptions Agent::client_options(milliseconds connect_timeout) const {
+  dist::CoordinationClientOptions co{.connect_timeout = connect_timeout,
                                      .rpc_timeout = std::chrono::seconds(10)};
+  // A node away from the service that gets no answer for its heartbeat timeout is as good as
+  // lost to the others (they stop waiting for it then): its calls give up as soon, not under 2 s.
+  if (multi_node() && server_ == nullptr && o_.heartbeat_timeout_s > 0) {
+    co.rpc_timeout = std::clamp(ms_of(o_.heartbeat_timeout_s), milliseconds(2000), co.rpc_timeout);
+  }
   if (multi_node() && o_.heartbeat_interval_s > 0) {
     co.heartbeat_task = str_cat("node/", o_.node_rank);
     co.heartbeat_interval = ms_of(o_.heartbeat_interval_s);
     co.heartbeat_timeout = std::chrono::hours(24 * 365);  // keep trying: the link may return
   }
-  client_ = std::make_unique<dist::CoordinationClient>(service_, co);
+  return co;
 }
 
 Generation Agent::form_generation() {
@@ -251,28 +263,55 @@ Generation Agent::form_generation() {
   }
   const auto timeout = ms_of(o_.rdzv_timeout_s);
   const auto deadline = Clock::now() + timeout;
-  int available = o_.max_nodes;
-  if (multi_node()) {
-    const auto excluded = client_->get_prefix(prefix_ + "excluded/");
-    available -= static_cast<int>(excluded.size());
-    if (available < o_.min_nodes) {
-      throw FailedPreconditionError(str_cat("launch: ", excluded.size(),
-                                            " node(s) excluded; fewer than --nnodes minimum ",
-                                            o_.min_nodes, " remain"));
-    }
-  }
+  const auto remaining = [&] {
+    return std::max(milliseconds(1),
+                    std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  };
   dist::Membership m;
-  while (true) {  // a node that lost the service retries until the deadline
+  int available = o_.max_nodes;
+  // A node cut off from the service (its link went down, a switch failed) keeps trying until
+  // --rdzv-timeout: on a fresh connection, since the old one may lead nowhere, and then into
+  // the next round, where the running nodes see it waiting and admit it.
+  bool said = false;
+  const auto say_retrying = [&](const std::string& why) {
+    if (said) return;
+    say("node ", o_.node_rank, " cannot reach the coordination service at ", service_, " (", why,
+        "); retrying until --rdzv-timeout (", o_.rdzv_timeout_s, " s)");
+    said = true;
+  };
+  if (lost_service_) say_retrying("lost it during the last generation");
+  while (true) {
     try {
+      if (lost_service_) {
+        client_.reset();  // stops its heartbeats
+        client_ = std::make_unique<dist::CoordinationClient>(service_, client_options(remaining()));
+        lost_service_ = false;
+        say("node ", o_.node_rank, " reached the coordination service again; rejoining");
+      }
+      available = o_.max_nodes;
+      if (multi_node()) {
+        const auto excluded = client_->get_prefix(prefix_ + "excluded/");
+        available -= static_cast<int>(excluded.size());
+        if (available < o_.min_nodes) {
+          throw FailedPreconditionError(str_cat("launch: ", excluded.size(),
+                                                " node(s) excluded; fewer than --nnodes minimum ",
+                                                o_.min_nodes, " remain"));
+        }
+      }
       m = client_->join(str_cat("node-", o_.node_rank),
                         dist::JoinOptions{.max_members = available,
                                           .min_members = std::min(o_.min_nodes, available),
                                           .settle = ms_of(o_.rdzv_settle_s),
-                                          .timeout = std::chrono::duration_cast<milliseconds>(
-                                              deadline - Clock::now())});
+                                          .timeout = remaining()});
       break;
-    } catch (const UnavailableError& e) {
-      if (Clock::now() >= deadline) throw;
+    } catch (const Error& e) {
+      // UNAVAILABLE, or no answer in time on a connection that leads nowhere. (A round that did
+      // not fill answers DEADLINE_EXCEEDED at the deadline, and that ends the wait.)
+      const bool unreachable =
+          e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kDeadlineExceeded;
+      if (!unreachable || Clock::now() >= deadline) throw;
+      say_retrying(e.what());
+      lost_service_ = true;
       std::this_thread::sleep_for(milliseconds(500));
     }
   }
@@ -770,25 +809,38 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
           for (int node : g.nodes) done.push_back(key(g, str_cat("done/", node)));
           if (client_->check(done)) completed = true;
         }
-      } catch (const UnavailableError& e) {
-        Failure f;
-        f.lost_service = true;
-        f.node = o_.node_rank;
-        f.detector = kDetectHeartbeat;
-        f.detected_at = Clock::now();
-        f.last_step = job_step_;
-        f.code = kUnavailableCode;
-        f.what = str_cat("node ", o_.node_rank, " lost the coordination service (", e.what(), ")");
-        if (locally_done) {
-          // Finished here; the service going away is the job ending elsewhere.
-          completed = true;
-        } else {
-          failure = f;
-          say(f.what, "; stopping the workers");
-          stop_all(SIGTERM);
-        }
       } catch (const Error& e) {
-        say("monitoring: ", e.what());
+        if (e.code() == ErrorCode::kUnavailable || e.code() == ErrorCode::kDeadlineExceeded) {
+          // The service did not answer: this node is cut off (or node 0 is gone). It cannot
+          // tell the others; they see its heartbeats stop.
+          lost_service_ = true;
+          Failure f;
+          f.lost_service = true;
+          f.node = o_.node_rank;
+          f.detector = kDetectHeartbeat;
+          f.detected_at = Clock::now();
+          f.last_step = job_step_;
+          f.code = kUnavailableCode;
+          f.what =
+              str_cat("node ", o_.node_rank, " lost the coordination service (", e.what(), ")");
+          if (locally_done) {
+            // Finished here; the service going away is the job ending elsewhere.
+            completed = true;
+          } else {
+            FaultEvent ev = event(kEventFailure, g.number);
+            ev.node = o_.node_rank;
+            ev.detector = f.detector;
+            ev.exit_code = f.code;
+            ev.last_step = f.last_step;
+            ev.message = f.what;
+            recorder_->record(ev);
+            failure = f;
+            say(f.what, "; stopping the workers");
+            stop_all(SIGTERM);
+          }
+        } else {
+          say("monitoring: ", e.what());
+        }
       }
     }
 

@@ -146,7 +146,7 @@ Dropout::Dropout(float rate, DropoutOptions options)
     : Layer(name_or_default(options.name, "dropout")),
       rate_(rate),
       seed_(options.seed),
-      rng_(options.seed ? *options.seed : next_seed()) {
+      seed_value_(options.seed ? *options.seed : next_seed()) {
   DTRAIN_CHECK(rate >= 0.0f && rate < 1.0f, "Dropout: rate must be in [0, 1), got ", rate);
 }
 
@@ -154,9 +154,11 @@ Tensor Dropout::call(const Tensor& x, bool training) {
   if (!training || rate_ == 0.0f) return x;
   Tensor mask(x.shape());
   float* pm = mask.data<float>();
+  const auto n = static_cast<uint64_t>(mask.num_elements());
+  Philox rng(seed_value_, counter_.fetch_add(n, std::memory_order_relaxed));
   const float keep_scale = 1.0f / (1.0f - rate_);
   for (int64_t i = 0, n = mask.num_elements(); i < n; ++i) {
-    pm[i] = rng_.uniform() >= rate_ ? keep_scale : 0.0f;
+    pm[i] = rng.uniform() >= rate_ ? keep_scale : 0.0f;
   }
   return multiply(x, mask);
 }

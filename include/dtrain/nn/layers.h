@@ -2,6 +2,7 @@
 // Thread-safety as for Layer.
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <string>
 
@@ -88,17 +89,31 @@ struct DropoutOptions {
 class Dropout : public Layer {
  public:
   explicit Dropout(float rate, DropoutOptions options = {});
+  // Movable (layers are handed to models by value); the counter's value moves with it.
+  Dropout(Dropout&& other) noexcept
+      : Layer(std::move(other)),
+        rate_(other.rate_),
+        seed_(other.seed_),
+        seed_value_(other.seed_value_),
+        counter_(other.counter_.load(std::memory_order_relaxed)) {}
   std::string class_name() const override { return "Dropout"; }
   Tensor call(const Tensor& x, bool training) override;
   std::string config_json() const override;
   float rate() const { return rate_; }
-  RngState rng_state() const { return rng_.state(); }
-  void set_rng_state(RngState s) { rng_.set_state(s); }
+  RngState rng_state() const { return {seed_value_, counter_.load(std::memory_order_relaxed)}; }
+  void set_rng_state(RngState s) {
+    seed_value_ = s.seed;
+    counter_.store(s.counter, std::memory_order_relaxed);
+  }
 
  private:
   float rate_;
   std::optional<uint64_t> seed_;
-  Philox rng_;
+  // The Philox stream: each call reserves the next n values of the counter atomically, so
+  // replica threads calling one layer concurrently never share or race on draws (one replica
+  // sees exactly the sequential stream).
+  uint64_t seed_value_;
+  std::atomic<uint64_t> counter_{0};
 };
 
 struct ActivationOptions {

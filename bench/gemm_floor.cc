@@ -18,11 +18,11 @@ int main(int argc, char** argv) {
       y(b * out), dy(b * out, 0.1f), dw2(hid * out), dh(b * hid), dw1(in * hid);
   using dtrain::ops::gemm;
   auto step = [&] {
-    gemm(false, false, b, hid, in, 1, x.data(), in, w1.data(), hid, 0, h.data(), hid);      // x·W1
-    gemm(false, false, b, out, hid, 1, h.data(), hid, w2.data(), out, 0, y.data(), out);    // h·W2
-    gemm(true, false, hid, out, b, 1, h.data(), hid, dy.data(), out, 0, dw2.data(), out);   // hᵀ·dy
-    gemm(false, true, b, hid, out, 1, dy.data(), out, w2.data(), out, 0, dh.data(), hid);   // dy·W2ᵀ
-    gemm(true, false, in, hid, b, 1, x.data(), in, dh.data(), hid, 0, dw1.data(), hid);     // xᵀ·dh
+    gemm(false, false, b, hid, in, 1, x.data(), in, w1.data(), hid, 0, h.data(), hid);    // x·W1
+    gemm(false, false, b, out, hid, 1, h.data(), hid, w2.data(), out, 0, y.data(), out);  // h·W2
+    gemm(true, false, hid, out, b, 1, h.data(), hid, dy.data(), out, 0, dw2.data(), out);  // hᵀ·dy
+    gemm(false, true, b, hid, out, 1, dy.data(), out, w2.data(), out, 0, dh.data(), hid);  // dy·W2ᵀ
+    gemm(true, false, in, hid, b, 1, x.data(), in, dh.data(), hid, 0, dw1.data(), hid);  // xᵀ·dh
   };
   for (int i = 0; i < 50; ++i) step();
   double best = 1e9;

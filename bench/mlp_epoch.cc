@@ -29,9 +29,10 @@ int main(int argc, char** argv) {
 
   nn::Sequential model({nn::Flatten({.input_shape = Shape{28, 28}}),
                         nn::Dense(128, {.activation = "relu"}), nn::Dense(10)});
-  model.compile({.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 1e-3}),
-                 .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
-                 .metrics = {"accuracy"}});
+  model.compile(
+      {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 1e-3}),
+       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
+       .metrics = {"accuracy"}});
 
   std::vector<double> epoch_seconds;
   Clock::time_point start;
@@ -43,8 +44,9 @@ int main(int argc, char** argv) {
             epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
             if (e == 0) sys_allocs_after_first = allocator_stats().system_allocations;
           }});
-  const auto h = model.fit(fm.x_train, fm.y_train,
-                           {.epochs = epochs, .batch_size = 64, .verbose = 0, .callbacks = {timer}});
+  const auto h =
+      model.fit(fm.x_train, fm.y_train,
+                {.epochs = epochs, .batch_size = 64, .verbose = 0, .callbacks = {timer}});
   const uint64_t sys_allocs_later = allocator_stats().system_allocations - sys_allocs_after_first;
 
   const auto e0 = Clock::now();

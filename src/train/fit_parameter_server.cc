@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
@@ -252,6 +253,10 @@ History fit_parameter_server(
         for (size_t v = 0; v < s.trainable.size(); ++v) s.trainable[v]->assign(initial[v]);
       }
       strategy.recover(s.trainable, restart.prefix);
+      // The workers' channels to the restarted server may still be in gRPC's reconnect backoff
+      // (at most 500 ms, see make_channel), where calls fail at once: let them reconnect before
+      // rescheduling, or every retry would fail and count as a new recovery.
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
       coordinator.reset_error();
       if (restart.epoch != epoch) {
         epoch = restart.epoch;

@@ -457,8 +457,10 @@ void Agent::track_recovery(const Generation& g,
       e.resumed_step = r.resumed_step;
       e.checkpoint = r.checkpoint;
       e.last_step = r.failure.last_step;
-      if (r.failure.last_step)
-        e.lost_steps = std::max<int64_t>(0, *r.failure.last_step - *r.resumed_step);
+      // Known only when the last progress report came after the backup (reports are
+      // rate-limited, so they can trail it).
+      if (r.failure.last_step && *r.failure.last_step >= *r.resumed_step)
+        e.lost_steps = *r.failure.last_step - *r.resumed_step;
       e.message = str_cat("workers resumed", r.checkpoint.empty() ? "" : " from " + r.checkpoint,
                           " at step ", *r.resumed_step);
       recorder_->record(e);
@@ -482,10 +484,17 @@ void Agent::track_recovery(const Generation& g,
   e.recovery_seconds = recovery;
   e.restarts = restarts_;
   std::string lost;
-  if (r.failure.last_step && r.resumed_step) {
-    e.lost_steps = std::max<int64_t>(0, *r.failure.last_step - *r.resumed_step);
+  if (r.failure.last_step && r.resumed_step && *r.failure.last_step >= *r.resumed_step) {
+    e.lost_steps = *r.failure.last_step - *r.resumed_step;
     e.lost_seconds = recovery + static_cast<double>(*e.lost_steps) * r.step_seconds.value_or(0);
     lost = str_cat("; lost ", *e.lost_steps, " steps, ", fixed(*e.lost_seconds), " s");
+  } else if (r.failure.last_step && r.resumed_step) {
+    // The last progress report (rate-limited) predates the backup the workers resumed from, so
+    // how far past it the failed worker got is not known here: at most one backup interval.
+    e.lost_seconds = recovery;
+    lost = str_cat("; lost the steps after ", *r.resumed_step,
+                   " (at most one backup interval; last progress report: step ",
+                   *r.failure.last_step, "), ", fixed(recovery), " s");
   } else {
     lost = str_cat("; back to training ", fixed(recovery), " s after the failure");
   }

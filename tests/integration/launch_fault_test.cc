@@ -259,13 +259,23 @@ TEST_F(LaunchFaultTest, AWorkerKilledWithSigkillRestartsTheGroupAndTheJobComplet
   const auto recovered = of_kind(all, "recovered");
   ASSERT_EQ(recovered.size(), 1u) << r.output;
   const json& rec = recovered[0];
-  ASSERT_TRUE(rec.contains("lost_steps")) << rec.dump();
-  EXPECT_GE(rec["lost_steps"].get<int>(), 0);
-  EXPECT_LE(rec["lost_steps"].get<int>(), 10);  // at most the checkpoint interval
+  // lost_steps is known when the last progress report came after the backup; otherwise
+  // (reports are rate-limited) the message says the loss is at most one backup interval.
+  if (rec.contains("lost_steps")) {
+    EXPECT_GE(rec["lost_steps"].get<int>(), 0);
+    EXPECT_LE(rec["lost_steps"].get<int>(), 10);  // at most the checkpoint interval
+  } else {
+    EXPECT_LT(rec["last_step"].get<int>(), rec["resumed_step"].get<int>()) << rec.dump();
+    EXPECT_NE(rec["message"].get<std::string>().find("at most one backup interval"),
+              std::string::npos)
+        << rec.dump();
+  }
   EXPECT_GT(rec["recovery_seconds"].get<double>(), 0);
   EXPECT_LT(rec["recovery_seconds"].get<double>(), 10);
-  std::printf("recovery (kill -> first step after restart): %.2f s, lost %d steps\n",
-              rec["recovery_seconds"].get<double>(), rec["lost_steps"].get<int>());
+  std::printf("recovery (kill -> first step after restart): %.2f s, lost %s steps\n",
+              rec["recovery_seconds"].get<double>(),
+              rec.contains("lost_steps") ? std::to_string(rec["lost_steps"].get<int>()).c_str()
+                                         : "<= one backup interval of");
   const std::string msg = rec["message"];
   EXPECT_NE(msg.find("worker 1 exited on signal 9"), std::string::npos) << msg;
   EXPECT_NE(msg.find("restarted; resumed from ckpt-"), std::string::npos) << msg;

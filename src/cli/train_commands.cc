@@ -315,10 +315,13 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       auto model = make_model(model_flags, d);
       compile(*model, train_flags);
       if (train_flags.verbose != 0) model->summary();
-      if (strategy && chief) {
+      if (strategy && chief && train_flags.strategy != "parameter-server") {
         std::printf("%s: %d replicas in sync (%d workers x %d local)\n", strategy->name().c_str(),
                     strategy->num_replicas_in_sync(), strategy->num_workers(),
                     strategy->num_local_replicas());
+      } else if (strategy && chief) {
+        // Workers pull and push on their own: there is no synchronous replica count to show.
+        std::printf("%s: the chief schedules steps on the workers\n", strategy->name().c_str());
       }
       train::FitOptions opts{.epochs = train_flags.epochs,
                              .batch_size = train_flags.batch_size,

@@ -17,6 +17,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
@@ -29,6 +30,11 @@ namespace {
 // With two workers, buffers up to this size go through AllreduceRing (one send and one receive
 // of the whole buffer: the lowest latency); larger ones through gloo::allreduce.
 constexpr size_t kSmallRingBytes = size_t{1} << 20;
+// Of those, buffers up to this size run on busy-polling pairs (see Impl::sync_context). In sync
+// mode both ranks write before they read, so a buffer must fit what the sockets absorb;
+// 1 MiB passes on loopback (CollectivesTest.BusyPollRingCompletesUpToItsLargestBuffer), and
+// half of that keeps a margin on real networks. DTRAIN_GLOO_NO_BUSY_POLL=1 turns it off.
+constexpr size_t kBusyPollBytes = size_t{512} << 10;
 
 bool supported_reduce_dtype(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64;
@@ -138,6 +144,11 @@ struct Collectives::Impl {
   std::vector<PeerInfo> peers;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
+  // Two workers only: a second full mesh whose pairs busy-poll (Gloo's sync mode), used for the
+  // small old-style ring. The training thread then does the socket I/O itself instead of handing
+  // every message through Gloo's event-loop thread, which on a 2-core machine costs as much CPU
+  // as the training. Null when not used.
+  std::shared_ptr<gloo::rendezvous::Context> sync_context;
   std::vector<Bucket> buckets;
   Bucket scalar_bucket;
   bool broken = false;
@@ -221,7 +232,9 @@ struct Collectives::Impl {
     DTRAIN_INTERNAL_CHECK(bucket != nullptr && ptr == bucket->data());
     if (!bucket->algo || bucket->algo_ptr != ptr || bucket->count != count || bucket->dtype != d ||
         bucket->algorithm != a) {
-      bucket->algo = make_old_style(context, a, d, ptr, count);
+      const bool sync = sync_context != nullptr && a == AllreduceAlgorithm::kRing &&
+                        count * dtype_size(d) <= kBusyPollBytes;
+      bucket->algo = make_old_style(sync ? sync_context : context, a, d, ptr, count);
       bucket->algo_ptr = ptr;
       bucket->count = count;
       bucket->dtype = d;
@@ -294,6 +307,17 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
       gloo::BarrierOptions barrier(impl->context);
       barrier.setTimeout(options.timeout);
       gloo::barrier(barrier);
+      if (options.world_size == 2 && std::getenv("DTRAIN_GLOO_NO_BUSY_POLL") == nullptr) {
+        impl->sync_context =
+            std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+        impl->sync_context->setTimeout(options.timeout);
+        GlooStoreAdapter sync_adapter(
+            std::make_shared<PrefixKeyValueStore>(rdzv.store, "busy_poll/"), options.timeout);
+        impl->sync_context->connectFullMesh(sync_adapter, dev);
+        for (int i = 0; i < options.world_size; ++i) {
+          if (i != options.rank) impl->sync_context->getPair(i)->setSync(true, true);
+        }
+      }
     } catch (const dtrain::Error&) {
       throw;
     } catch (const gloo::IoException& e) {

@@ -57,7 +57,7 @@ std::vector<std::string> job(const std::string& dir, const std::string& out, boo
                                 "--out",
                                 out,
                                 "--epochs",
-                                "250",
+                                "700",
                                 "--step-delay-us",
                                 "400"};
   if (backups) a.insert(a.end(), {"--checkpoint-dir", dir + "/ckpt", "--checkpoint-every", "5"});

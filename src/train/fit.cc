@@ -154,10 +154,15 @@ void distributed_train_step(Model& model, train::TrainingState& s, const Tensor&
       const auto& g = s.replicas[r].grads;
       if (g.empty() || !g[v].defined()) continue;
       if (first) {
-        if (!sum.defined() || sum.shape() != g[v].shape() || sum.use_count() > 1) {
-          sum = Tensor(g[v].shape());
+        if (g[v].use_count() == 1) {
+          // Only this replica's list holds its gradient: sum into it in place, no copy.
+          sum = g[v];
+        } else {
+          if (!sum.defined() || sum.shape() != g[v].shape() || sum.use_count() > 1) {
+            sum = Tensor(g[v].shape());
+          }
+          sum.copy_from(g[v]);
         }
-        sum.copy_from(g[v]);
         first = false;
       } else {
         float* d = sum.data<float>();

@@ -11,6 +11,7 @@
 
 #include "coordination.grpc.pb.h"
 #include "distribute/coordination_common.h"
+#include "distribute/grpc_settings.h"
 #include "dtrain/distribute/coordination.h"
 
 namespace dtrain::distribute {
@@ -114,20 +115,8 @@ CoordinationClient::CoordinationClient(const std::string& address,
   parse_host_port(address, "coordination service address");  // validates
   impl_->address = address;
   impl_->options = options;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);          // 127.0.0.1 must not go to a proxy
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // own connection: failures stay isolated
   // Reconnect quickly while the server is starting or coming back.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  impl_->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  impl_->channel = make_channel(address, 1000);
   const milliseconds connect = clamp_timeout(options.connect_timeout);
   if (!impl_->channel->WaitForConnected(std::chrono::system_clock::now() + connect)) {
     throw UnavailableError(str_cat("coordination service at ", address, " unreachable after ",

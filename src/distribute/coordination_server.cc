@@ -8,6 +8,7 @@
 #include "coordination.grpc.pb.h"
 #include "distribute/coordination_common.h"
 #include "distribute/coordination_state.h"
+#include "distribute/grpc_settings.h"
 #include "dtrain/distribute/coordination.h"
 
 namespace dtrain::distribute {
@@ -115,17 +116,8 @@ CoordinationServer::CoordinationServer(const CoordinationServerOptions& options)
   const HostPort where = parse_host_port(options.address, "CoordinationServer address");
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &bound);
+  configure_server(builder, options.address, &bound);
   builder.RegisterService(&impl_->service);
-  // Two services on one port must be an error, not a silent split of the clients.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // Accept the clients' keepalive pings (a lost peer is detected in seconds, not hours).
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             kKeepaliveTimeMs / 2);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || bound == 0) {
     throw UnavailableError(str_cat("coordination service: cannot listen on ", options.address,

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "distribute/coordination_common.h"
+#include "distribute/grpc_settings.h"
 #include "distribute/parameter_server_common.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/optim/optimizer.h"
@@ -339,15 +340,8 @@ ParameterServer::ParameterServer(const ParameterServerOptions& options)
   impl_->state.reset_stats();
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &bound);
+  configure_server(builder, options.address, &bound);
   builder.RegisterService(&impl_->service);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             kKeepaliveTimeMs / 2);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   impl_->server = builder.BuildAndStart();
   if (!impl_->server || bound == 0) {
     throw UnavailableError(str_cat("parameter server: cannot listen on ", options.address,

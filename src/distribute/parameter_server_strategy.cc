@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "distribute/coordination_common.h"
+#include "distribute/grpc_settings.h"
 #include "distribute/parameter_server_common.h"
 #include "dtrain/checkpoint/merge_bundles.h"
 #include "dtrain/core/file.h"
@@ -36,20 +37,9 @@ std::exception_ptr make_error(ErrorCode code, const std::string& message) {
   }
 }
 
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+// Workers and the chief reconnect to a restarted server within half a second.
+std::shared_ptr<grpc::Channel> ps_channel(const std::string& address) {
+  return make_channel(address, 500);
 }
 
 std::string hex64(uint64_t v) {
@@ -225,7 +215,7 @@ ParameterServerStrategy::ParameterServerStrategy(const ParameterServerStrategyOp
   for (size_t i = 0; i < ps_addresses_.size(); ++i) {
     const std::string& a = ps_addresses_[i];
     parse_host_port(a, str_cat("ps task ", i, " address"));
-    impl_->ps.push_back(pb::ParameterServer::NewStub(make_channel(a)));
+    impl_->ps.push_back(pb::ParameterServer::NewStub(ps_channel(a)));
     impl_->ps_names.push_back(str_cat("parameter server /job:ps/task:", i, " at ", a));
   }
   for (size_t i = 0; i < worker_addresses_.size(); ++i) {
@@ -477,15 +467,8 @@ void ParameterServerStrategy::serve() {
   }
   grpc::ServerBuilder builder;
   int bound = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
+  configure_server(builder, address, &bound);
   builder.RegisterService(&w);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             kKeepaliveTimeMs / 2);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound == 0) {
     throw UnavailableError(
@@ -575,7 +558,7 @@ struct ClusterCoordinator::Impl {
 
   Impl(ParameterServerStrategy& s, const ClusterCoordinatorOptions& o)
       : strategy(s), options(o), addresses(s.worker_addresses()) {
-    for (const std::string& a : addresses) stubs.push_back(pb::Worker::NewStub(make_channel(a)));
+    for (const std::string& a : addresses) stubs.push_back(pb::Worker::NewStub(ps_channel(a)));
     up.assign(addresses.size(), false);
     stats.per_worker.assign(addresses.size(), 0);
   }

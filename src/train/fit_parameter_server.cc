@@ -254,8 +254,9 @@ History fit_parameter_server(
       }
       strategy.recover(s.trainable, restart.prefix);
       // The workers' channels to the restarted server may still be in gRPC's reconnect backoff
-      // (at most 500 ms, see make_channel), where calls fail at once: let them reconnect before
-      // rescheduling, or every retry would fail and count as a new recovery.
+      // (at most 500 ms, see ps_channel in parameter_server_strategy.cc), where calls fail at once:
+      // let them reconnect before rescheduling, or every retry would fail and count as a new
+      // recovery.
       std::this_thread::sleep_for(std::chrono::milliseconds(600));
       coordinator.reset_error();
       if (restart.epoch != epoch) {

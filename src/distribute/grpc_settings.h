@@ -1,0 +1,23 @@
+// The gRPC settings every dtrain service and client uses (private to src/distribute; only .cc
+// files that already speak gRPC include it): keepalive so a lost peer is noticed in seconds,
+// message limits, no proxy, no port sharing, quick reconnects. Stateless; thread-safe.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+namespace dtrain::distribute {
+
+// A client channel to `address` on its own TCP connection (failures stay isolated), reconnecting
+// after 100 ms, backing off up to `max_reconnect_backoff_ms`.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
+                                            int max_reconnect_backoff_ms);
+
+// Adds a listening port on `address` (its bound port lands in *bound after BuildAndStart) and
+// the server settings: no SO_REUSEPORT (two services on one port must be an error, not a silent
+// split of the clients), clients' keepalive pings accepted, message limits.
+void configure_server(grpc::ServerBuilder& builder, const std::string& address, int* bound);
+
+}  // namespace dtrain::distribute

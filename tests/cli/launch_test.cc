@@ -22,6 +22,8 @@
 
 extern char** environ;
 
+#include "testutil/launcher_process.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -31,84 +33,8 @@ using Clock = std::chrono::steady_clock;
 // A worker loop that ends by itself (30 s) even if nobody stops it.
 constexpr const char* kIdle = "for i in $(seq 600); do sleep 0.05; done";
 
-struct Outcome {
-  int code = -1;       // exit code, 128 + signal, or -1 when it had to be killed
-  std::string output;  // stdout and stderr together
-  double seconds = 0;
-};
-
-// A launcher running in the background, its output going to a file.
-class Launcher {
- public:
-  Launcher(const std::vector<std::string>& args, const fs::path& out) : out_(out) {
-    std::vector<std::string> argv = {std::string(DTRAIN_BINARY_DIR) + "/dtrain", "launch"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    start_ = Clock::now();
-    if (posix_spawn(&pid_, cargv[0], &actions, nullptr, cargv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Launcher() {
-    if (pid_ > 0 && !done_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  pid_t pid() const { return pid_; }
-  std::string output() const {
-    std::ifstream in(out_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  // Waits up to `limit` for the output to contain `text` `count` times.
-  bool wait_for_output(const std::string& text, int count, std::chrono::seconds limit) const {
-    const auto deadline = Clock::now() + limit;
-    while (Clock::now() < deadline) {
-      const std::string s = output();
-      int n = 0;
-      for (size_t p = s.find(text); p != std::string::npos; p = s.find(text, p + 1)) ++n;
-      if (n >= count) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
-  }
-  // Waits up to `limit` for the launcher to exit; kills it after that (code -1).
-  Outcome wait(std::chrono::seconds limit = 60s) {
-    Outcome r;
-    const auto deadline = Clock::now() + limit;
-    int status = 0;
-    while (pid_ > 0 && waitpid(pid_, &status, WNOHANG) == 0) {
-      if (Clock::now() > deadline) {
-        kill(pid_, SIGKILL);
-        waitpid(pid_, &status, 0);
-        status = -1;
-        break;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    done_ = true;
-    r.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (status != -1) {
-      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    r.output = output();
-    return r;
-  }
-
- private:
-  fs::path out_;
-  pid_t pid_ = -1;
-  bool done_ = false;
-  Clock::time_point start_;
-};
+using Outcome = dtrain::testutil::LaunchOutcome;
+using Launcher = dtrain::testutil::LauncherProcess;
 
 std::vector<std::string> lines_of(const std::string& s) {
   std::vector<std::string> lines;

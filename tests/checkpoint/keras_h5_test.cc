@@ -16,11 +16,13 @@
 #include <sstream>
 
 #include "dtrain/core/error.h"
+#include "testutil/expect_throws.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
 namespace {
 
+using dtrain::testutil::expect_throws;
 using dtrain::testutil::read_bytes;
 using dtrain::testutil::TempDir;
 using dtrain::testutil::write_bytes;
@@ -141,20 +143,6 @@ void expect_same_contents(const KerasH5Contents& a, const KerasH5Contents& b) {
   }
   expect_same_weights(a.top_level_weights, b.top_level_weights);
   expect_same_weights(a.optimizer_weights, b.optimizer_weights);
-}
-
-template <class E, class F>
-std::string expect_throws(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no exception";
-  return {};
 }
 
 // --- The real Keras 2.12 file -----------------------------------------------------------------

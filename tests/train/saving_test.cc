@@ -26,11 +26,13 @@
 #include "dtrain/optim/rmsprop.h"
 #include "dtrain/optim/sgd.h"
 #include "dtrain/train/training.h"
+#include "testutil/expect_throws.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::train {
 namespace {
 
+using dtrain::testutil::expect_throws;
 using dtrain::testutil::read_bytes;
 using dtrain::testutil::TempDir;
 using dtrain::testutil::write_bytes;
@@ -68,25 +70,6 @@ double max_abs_diff_to_csv(const Tensor& t, const std::string& csv) {
     }
   }
   return k == static_cast<size_t>(t.num_elements()) ? diff : INFINITY;
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
-template <class E, class F>
-std::string expect_throws(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no exception";
-  return {};
 }
 
 // 256 examples of 8 features in 3 classes given by a fixed random linear teacher.
@@ -195,7 +178,7 @@ void expect_same_optimizer_state(nn::Model& a, nn::Model& b, bool same_names = t
       if (same_names) {
         EXPECT_EQ(sa->name(), sb->name());
       }
-      EXPECT_TRUE(bitwise_equal(sa->tensor(), sb->tensor())) << sa->name();
+      EXPECT_TRUE(sa->tensor().equals(sb->tensor())) << sa->name();
     }
   }
   const optim::OptimizerConfig ca = oa->get_config();
@@ -221,7 +204,7 @@ void expect_same_weights(nn::Model& a, nn::Model& b, bool same_names = true) {
     if (same_names) {
       EXPECT_EQ(wa[i]->name(), wb[i]->name());
     }
-    EXPECT_TRUE(bitwise_equal(wa[i]->tensor(), wb[i]->tensor())) << wa[i]->name();
+    EXPECT_TRUE(wa[i]->tensor().equals(wb[i]->tensor())) << wa[i]->name();
   }
 }
 
@@ -271,7 +254,7 @@ TEST(LoadModelKeras212, RebuildsTheCompiledSequential) {
       if (v->name() == var) target = m->optimizer()->slot(*v, slot);
     }
     ASSERT_NE(target, nullptr) << w.name;
-    EXPECT_TRUE(bitwise_equal(target->tensor(), w.value)) << w.name;
+    EXPECT_TRUE(target->tensor().equals(w.value)) << w.name;
   }
 }
 
@@ -554,17 +537,17 @@ void expect_tf21_model_loaded(nn::Model& m, const ck::KerasH5Contents& c) {
   EXPECT_EQ(m.input_shape(), std::optional<Shape>(Shape{4}));
   const auto vars = m.trainable_variables();
   ASSERT_EQ(vars.size(), 4u);
-  EXPECT_TRUE(bitwise_equal(vars[0]->tensor(), c.layers[0].weights[0].value));
-  EXPECT_TRUE(bitwise_equal(vars[3]->tensor(), c.layers[1].weights[1].value));
+  EXPECT_TRUE(vars[0]->tensor().equals(c.layers[0].weights[0].value));
+  EXPECT_TRUE(vars[3]->tensor().equals(c.layers[1].weights[1].value));
   ASSERT_TRUE(m.compiled());
   optim::Optimizer& opt = *m.optimizer();
   EXPECT_EQ(opt.get_config().class_name, "Adam");
   EXPECT_FLOAT_EQ(opt.learning_rate(), 0.002f);
   EXPECT_EQ(opt.iterations(), 5);
   for (size_t i = 0; i < vars.size(); ++i) {
-    EXPECT_TRUE(bitwise_equal(opt.slot(*vars[i], "m")->tensor(), c.optimizer_weights[1 + i].value))
+    EXPECT_TRUE(opt.slot(*vars[i], "m")->tensor().equals(c.optimizer_weights[1 + i].value))
         << vars[i]->name();
-    EXPECT_TRUE(bitwise_equal(opt.slot(*vars[i], "v")->tensor(), c.optimizer_weights[5 + i].value))
+    EXPECT_TRUE(opt.slot(*vars[i], "v")->tensor().equals(c.optimizer_weights[5 + i].value))
         << vars[i]->name();
   }
   EXPECT_EQ(m.training_state()->metrics.at(0)->name(), "acc");
@@ -615,14 +598,13 @@ TEST(SaveWeights, RoundTripByPositionIntoAFreshlyNamedModel) {
   b->load_weights(dir.file("w.h5"));
   const auto wa = a->weights(), wb = b->weights();
   ASSERT_EQ(wa.size(), wb.size());
-  for (size_t i = 0; i < wa.size(); ++i)
-    EXPECT_TRUE(bitwise_equal(wa[i]->tensor(), wb[i]->tensor()));
+  for (size_t i = 0; i < wa.size(); ++i) EXPECT_TRUE(wa[i]->tensor().equals(wb[i]->tensor()));
 
   // A model file's /model_weights loads too.
   a->save(dir.file("m.h5"));
   auto e = make_model();
   e->load_weights(dir.file("m.h5"));
-  EXPECT_TRUE(bitwise_equal(e->weights()[0]->tensor(), wa[0]->tensor()));
+  EXPECT_TRUE(e->weights()[0]->tensor().equals(wa[0]->tensor()));
 
   // load_model refuses a weights file, saying what to do.
   const std::string msg =
@@ -649,7 +631,7 @@ TEST(SaveWeights, SubclassedModelsSaveWeightsButNotArchitecture) {
   b.build(Shape{3});
   b.load_weights(dir.file("w.h5"));
   for (size_t i = 0; i < a.weights().size(); ++i) {
-    EXPECT_TRUE(bitwise_equal(a.weights()[i]->tensor(), b.weights()[i]->tensor()));
+    EXPECT_TRUE(a.weights()[i]->tensor().equals(b.weights()[i]->tensor()));
   }
   expect_throws<UnimplementedError>([&] { a.save(dir.file("m.h5")); });
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"w.h5"});
@@ -664,8 +646,8 @@ TEST(SaveWeights, ByNameWithSkipMismatch) {
       {nn::Dense(5, {.input_shape = Shape{2}, .name = "first"}), nn::Dense(4, {.name = "second"})});
   const Tensor second_before = b.weights()[2]->tensor().clone();
   load_weights(b, dir.file("w.h5"), {.by_name = true, .skip_mismatch = true});
-  EXPECT_TRUE(bitwise_equal(b.weights()[0]->tensor(), a.weights()[0]->tensor()));
-  EXPECT_TRUE(bitwise_equal(b.weights()[2]->tensor(), second_before));
+  EXPECT_TRUE(b.weights()[0]->tensor().equals(a.weights()[0]->tensor()));
+  EXPECT_TRUE(b.weights()[2]->tensor().equals(second_before));
   expect_throws<InvalidArgumentError>(
       [&] { load_weights(b, dir.file("w.h5"), {.by_name = true}); });
 }
@@ -708,7 +690,7 @@ TEST(SavingErrors, LayerCountAndShapeMismatchNameTheLayerWeightAndShapes) {
   EXPECT_NE(msg.find("h/kernel:0"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[8, 16]"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[8, 12]"), std::string::npos) << msg;
-  EXPECT_TRUE(bitwise_equal(narrow.weights()[0]->tensor(), kernel_before)) << "changed on failure";
+  EXPECT_TRUE(narrow.weights()[0]->tensor().equals(kernel_before)) << "changed on failure";
 }
 
 TEST(SavingErrors, UnknownLayerClassInModelConfig) {

@@ -16,10 +16,12 @@
 #include "checkpoint_state.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/optimizer.h"
 #include "object_graph.h"
+#include "spare_files.h"
 
 namespace dtrain::checkpoint {
 
@@ -799,15 +801,21 @@ bool Checkpoint::writing(const std::string& prefix) const {
 void Checkpoint::sync() { wait_for_write(); }
 
 void Checkpoint::write_bundle(const std::string& prefix, const std::string& graph,
-                              const std::vector<std::pair<std::string, Tensor>>& tensors) const {
-  BundleWriter w(prefix, BundleWriterOptions{.sync = options_.sync_to_disk});
+                              const std::vector<std::pair<std::string, Tensor>>& tensors,
+                              detail::SpareFiles* spares, bool sync_directory) const {
+  BundleWriterOptions options{.sync = options_.sync_to_disk, .sync_directory = sync_directory};
+  if (spares) {
+    options.reuse_data = spares->take(detail::SpareFiles::kData);
+    options.reuse_index = spares->take(detail::SpareFiles::kIndex);
+  }
+  BundleWriter w(prefix, std::move(options));
   w.add_strings(kObjectGraphKey, {graph}, Shape{});
   for (const auto& [key, tensor] : tensors) w.add(key, tensor);
   w.finish();
 }
 
 void Checkpoint::write_internal(const std::string& prefix, std::string commit_group,
-                                CommitFn commit) {
+                                CommitFn commit, detail::SpareFiles* spares) {
   DTRAIN_CHECK(!prefix.empty(), "Checkpoint: empty file prefix");
   // Two writers of one prefix would race on its files: let the earlier one finish first.
   if (writing(prefix)) wait_for_write();
@@ -820,8 +828,22 @@ void Checkpoint::write_internal(const std::string& prefix, std::string commit_gr
     tensors.emplace_back(v.key, v.get());
     bytes += static_cast<int64_t>(tensors.back().second.nbytes());
   }
+  // A bundle that a commit names becomes durable with one directory fsync before the commit
+  // (covering every bundle it commits) instead of one per bundle.
+  const bool deferred_sync = commit && options_.sync_to_disk;
+  if (deferred_sync) {
+    commit = [commit = std::move(commit)](const std::vector<std::string>& prefixes) {
+      std::vector<std::string> dirs;
+      for (const std::string& p : prefixes) {
+        std::string dir = prefix_directory(p);
+        if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(std::move(dir));
+      }
+      for (const std::string& dir : dirs) sync_directory(dir);
+      commit(prefixes);
+    };
+  }
   if (!writer_) {
-    write_bundle(prefix, graph, tensors);
+    write_bundle(prefix, graph, tensors, spares, !deferred_sync);
     if (commit) commit({prefix});
     return;
   }
@@ -831,9 +853,8 @@ void Checkpoint::write_internal(const std::string& prefix, std::string commit_gr
   for (auto& [key, t] : tensors) t = t.clone();
   writer_->submit(
       prefix, bytes, std::move(commit_group),
-      [this, prefix, graph = std::move(graph), tensors = std::move(tensors)] {
-        write_bundle(prefix, graph, tensors);
-      },
+      [this, prefix, graph = std::move(graph), tensors = std::move(tensors), spares,
+       deferred_sync] { write_bundle(prefix, graph, tensors, spares, !deferred_sync); },
       std::move(commit));
 }
 
@@ -942,14 +963,26 @@ CheckpointLoadStatus Checkpoint::restore(const std::string& save_path) {
   wait_for_write();
   DTRAIN_CHECK(!save_path.empty(), "Checkpoint::restore: empty path");
   BundleReader reader(save_path);
+  // A CheckpointManager (in this or another process) may drop and recycle this checkpoint while
+  // it is read: what was read is then reported as AbortedError, never restored.
+  auto recycled = [&] {
+    return AbortedError(str_cat("Checkpoint::restore(", save_path,
+                                "): the checkpoint was dropped by its CheckpointManager while it "
+                                "was being read; restore a newer one (restore_latest retries)"));
+  };
   const bool object_based = reader.contains(kObjectGraphKey);
   if (object_based) {
-    const std::vector<std::string> graph = reader.read_strings(std::string(kObjectGraphKey));
-    if (graph.size() != 1) {
-      throw DataLossError(str_cat("checkpoint ", save_path, ": '", kObjectGraphKey, "' has ",
-                                  graph.size(), " elements, expected 1"));
+    try {
+      const std::vector<std::string> graph = reader.read_strings(std::string(kObjectGraphKey));
+      if (graph.size() != 1) {
+        throw DataLossError(str_cat("checkpoint ", save_path, ": '", kObjectGraphKey, "' has ",
+                                    graph.size(), " elements, expected 1"));
+      }
+      ObjectGraph::parse(graph[0], index_filename(save_path));  // validates it
+    } catch (const DataLossError&) {
+      if (reader.files_replaced()) throw recycled();
+      throw;
     }
-    ObjectGraph::parse(graph[0], index_filename(save_path));  // validates it
   }
   std::vector<std::pair<std::string, Trackable>> children = children_;
   children.emplace_back("save_counter", Trackable(save_counter_));
@@ -1025,9 +1058,17 @@ CheckpointLoadStatus Checkpoint::restore(const std::string& save_path) {
   }
   try {
     for (const Match& m : matched) values.push_back(reader.read(m.key));
+  } catch (const DataLossError&) {
+    state->acknowledged = true;
+    if (reader.files_replaced()) throw recycled();
+    throw;
   } catch (...) {
     state->acknowledged = true;
     throw;
+  }
+  if (reader.files_replaced()) {
+    state->acknowledged = true;
+    throw recycled();
   }
   for (size_t i = 0; i < matched.size(); ++i) {
     matched[i].value->set(values[i]);
@@ -1042,43 +1083,71 @@ CheckpointLoadStatus Checkpoint::restore(const std::string& save_path) {
 
 std::optional<CheckpointLoadStatus> Checkpoint::restore_latest(const std::string& directory) {
   wait_for_write();
-  const std::optional<CheckpointState> st = read_checkpoint_state(directory);
-  if (!st) return std::nullopt;
-  std::vector<std::string> candidates;
-  auto add = [&](const std::string& p) {
-    if (p.empty()) return;
-    for (const auto& c : candidates) {
-      if (same_path(c, p)) return;
+  // A CheckpointManager that saves while this restores may drop the checkpoint being read: then
+  // start over from the state file (a few times; a manager saving faster than one restore takes
+  // would otherwise win forever).
+  constexpr int kMaxAttempts = 5;
+  for (int attempt = 1;; ++attempt) {
+    const std::optional<CheckpointState> st = read_checkpoint_state(directory);
+    if (!st) return std::nullopt;
+    const bool may_retry = attempt < kMaxAttempts;
+    auto state_changed = [&] {
+      const std::optional<CheckpointState> now = read_state_or_warn(directory);
+      return !now || !same_path(now->model_checkpoint_path, st->model_checkpoint_path);
+    };
+    std::vector<std::string> candidates;
+    auto add = [&](const std::string& p) {
+      if (p.empty()) return;
+      for (const auto& c : candidates) {
+        if (same_path(c, p)) return;
+      }
+      candidates.push_back(p);
+    };
+    add(st->model_checkpoint_path);
+    for (auto it = st->all_model_checkpoint_paths.rbegin();
+         it != st->all_model_checkpoint_paths.rend(); ++it)
+      add(*it);
+    std::string errors;
+    int tried = 0;
+    bool retry = false;
+    for (size_t i = 0; i < candidates.size() && !retry; ++i) {
+      const std::string& c = candidates[i];
+      const bool last = i + 1 == candidates.size();
+      if (!index_exists(c)) {
+        if (may_retry && state_changed()) {
+          retry = true;
+          break;
+        }
+        warn(str_cat("checkpoint ", c, " is named by ", join_path(directory, "checkpoint"),
+                     " but its index is missing; ",
+                     last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
+        continue;
+      }
+      ++tried;
+      try {
+        return restore(c);
+      } catch (const AbortedError&) {
+        if (!may_retry) throw;
+        retry = true;
+      } catch (const NotFoundError&) {
+        // Dropped between index_exists() and the read.
+        if (!may_retry || !state_changed()) throw;
+        retry = true;
+      } catch (const DataLossError& e) {
+        if (may_retry && state_changed()) {
+          retry = true;
+          break;
+        }
+        errors += str_cat("\n  ", e.what());
+        warn(str_cat("checkpoint ", c, " is corrupt (", e.what(), "); ",
+                     last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
+      }
     }
-    candidates.push_back(p);
-  };
-  add(st->model_checkpoint_path);
-  for (auto it = st->all_model_checkpoint_paths.rbegin();
-       it != st->all_model_checkpoint_paths.rend(); ++it)
-    add(*it);
-  std::string errors;
-  int tried = 0;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    const std::string& c = candidates[i];
-    const bool last = i + 1 == candidates.size();
-    if (!index_exists(c)) {
-      warn(str_cat("checkpoint ", c, " is named by ", join_path(directory, "checkpoint"),
-                   " but its index is missing; ",
-                   last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
-      continue;
-    }
-    ++tried;
-    try {
-      return restore(c);
-    } catch (const DataLossError& e) {
-      errors += str_cat("\n  ", e.what());
-      warn(str_cat("checkpoint ", c, " is corrupt (", e.what(), "); ",
-                   last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
-    }
+    if (retry) continue;
+    if (tried == 0) return std::nullopt;
+    throw DataLossError(
+        str_cat("no valid checkpoint in ", directory, ": every committed one is corrupt:", errors));
   }
-  if (tried == 0) return std::nullopt;
-  throw DataLossError(
-      str_cat("no valid checkpoint in ", directory, ": every committed one is corrupt:", errors));
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& directory) {

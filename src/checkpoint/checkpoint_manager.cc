@@ -13,6 +13,7 @@
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "spare_files.h"
 
 namespace dtrain::checkpoint {
 
@@ -78,6 +79,11 @@ CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directo
   fs::create_directories(directory_, ec);
   if (ec) throw_file_error(ec.value(), "create directory", directory_);
   remove_stale_temporaries(directory_, options_.checkpoint_name);
+  // Enough spares for the saves that can be written at once, plus the ones committing.
+  if (options_.recycle_files) {
+    spares_ = std::make_unique<detail::SpareFiles>(
+        static_cast<size_t>(checkpoint_.options().max_in_flight) + 2);
+  }
 
   const double now = unix_now();
   last_preserved_timestamp_ = now;
@@ -114,6 +120,15 @@ void CheckpointManager::write_state(const std::vector<std::pair<std::string, dou
   st.model_checkpoint_path = latest.value_or("");
   st.last_preserved_timestamp = last_preserved_timestamp;
   write_checkpoint_state(directory_, st, checkpoint_.options().sync_to_disk);
+}
+
+void CheckpointManager::drop_checkpoint_files(const std::string& prefix) {
+  if (spares_) {
+    spares_->retire(detail::SpareFiles::kIndex, index_filename(prefix));
+    // Checkpoints written by dtrain have one data shard; others fall through to the scan.
+    if (spares_->retire(detail::SpareFiles::kData, data_filename(prefix, 0, 1))) return;
+  }
+  remove_checkpoint_files(prefix);
 }
 
 std::vector<std::string> CheckpointManager::sweep(std::vector<std::pair<std::string, double>>& kept,
@@ -158,7 +173,7 @@ void CheckpointManager::on_written(const std::vector<std::string>& paths, double
     latest_ = paths.back();
     last_preserved_timestamp_ = last_preserved;
   }
-  for (const std::string& p : doomed) remove_checkpoint_files(p);
+  for (const std::string& p : doomed) drop_checkpoint_files(p);
 }
 
 std::optional<std::string> CheckpointManager::save(std::optional<int64_t> checkpoint_number,
@@ -206,7 +221,8 @@ std::optional<std::string> CheckpointManager::save(std::optional<int64_t> checkp
   counter.tensor().data<int64_t>()[0] = n;
   checkpoint_.write_internal(
       path, str_cat("manager:", static_cast<const void*>(this)),
-      [this](const std::vector<std::string>& paths) { on_written(paths, unix_now()); });
+      [this](const std::vector<std::string>& paths) { on_written(paths, unix_now()); },
+      spares_.get());
   return path;
 }
 

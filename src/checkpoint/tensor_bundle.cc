@@ -233,7 +233,10 @@ BundleWriter::BundleWriter(std::string prefix, BundleWriterOptions options)
   impl_->data = std::make_unique<AtomicFile>(
       data_filename(prefix_, 0, 1),
       // The index's commit fsyncs the directory, which makes this file's rename durable too.
-      AtomicFileOptions{.sync = options.sync, .sync_directory = false, .buffer_size = 256u << 10});
+      AtomicFileOptions{.sync = options.sync,
+                        .sync_directory = false,
+                        .buffer_size = 256u << 10,
+                        .reuse = std::move(impl_->options.reuse_data)});
 }
 
 BundleWriter::~BundleWriter() = default;
@@ -302,7 +305,9 @@ void BundleWriter::finish() {
 
   write_file_atomically(index_filename(prefix_),
                         detail::build_index(1, impl_->entries, str_cat("BundleWriter ", prefix_)),
-                        AtomicFileOptions{.sync = impl_->options.sync});
+                        AtomicFileOptions{.sync = impl_->options.sync,
+                                          .sync_directory = impl_->options.sync_directory,
+                                          .reuse = std::move(impl_->options.reuse_index)});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -310,6 +315,12 @@ void BundleWriter::finish() {
 
 BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
   const std::string index_path = index_filename(prefix_);
+  // The name's inode before the read: names of recycled files are never bound again, so
+  // files_replaced() notices when the index read was of a recycled file.
+  struct stat index_stat;
+  if (::stat(index_path.c_str(), &index_stat) == 0) {
+    file_ids_.emplace_back(index_stat.st_dev, index_stat.st_ino);
+  }
   const std::string index = read_file(index_path);  // NotFoundError when absent
   StringSource source(index);
   leveldb::Options options;
@@ -381,7 +392,12 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
     }
     fds_.push_back(fd);
     struct stat st_buf;
-    sizes.push_back(::fstat(fd, &st_buf) == 0 ? static_cast<int64_t>(st_buf.st_size) : 0);
+    if (::fstat(fd, &st_buf) == 0) {
+      sizes.push_back(static_cast<int64_t>(st_buf.st_size));
+      file_ids_.emplace_back(st_buf.st_dev, st_buf.st_ino);
+    } else {
+      sizes.push_back(0);
+    }
   }
   for (const auto& [key, e] : entries_) {
     if (e.partitioned) continue;
@@ -401,6 +417,21 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
 
 BundleReader::~BundleReader() {
   for (int fd : fds_) ::close(fd);
+}
+
+bool BundleReader::files_replaced() const {
+  if (file_ids_.size() != fds_.size() + 1) return true;  // a stat failed: cannot tell
+  for (size_t i = 0; i < file_ids_.size(); ++i) {
+    const std::string path = i == 0 ? index_filename(prefix_)
+                                    : data_filename(prefix_, static_cast<int>(i - 1), num_shards_);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return true;
+    if (static_cast<uint64_t>(st.st_dev) != file_ids_[i].first ||
+        static_cast<uint64_t>(st.st_ino) != file_ids_[i].second) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::vector<std::string> BundleReader::keys() const {

@@ -66,11 +66,26 @@ void throw_file_error(int err, std::string_view operation, const std::string& pa
 }
 
 AtomicFile::AtomicFile(std::string path, AtomicFileOptions options)
-    : path_(std::move(path)), options_(options) {
+    : path_(std::move(path)), options_(std::move(options)) {
   DTRAIN_CHECK(!path_.empty(), "AtomicFile: empty path");
-  temp_path_ = temp_name_for(path_);
-  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw_file_error(errno, "create", path_ + " (temporary " + temp_path_ + ")");
+  if (!options_.reuse.empty()) {
+    // Overwritten in place from offset 0 (no O_TRUNC: that would free the blocks); commit()
+    // trims what is left beyond the new size.
+    fd_ = ::open(options_.reuse.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd_ >= 0 && ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode)) {
+      temp_path_ = options_.reuse;
+      reused_size_ = st.st_size;
+    } else if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  if (fd_ < 0) {
+    temp_path_ = temp_name_for(path_);
+    fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw_file_error(errno, "create", path_ + " (temporary " + temp_path_ + ")");
+  }
   buffer_.resize(options_.buffer_size);
 }
 
@@ -135,6 +150,10 @@ void AtomicFile::commit() {
   DTRAIN_CHECK(!done_, "AtomicFile ", path_, ": commit after commit or abort");
   try {
     flush_buffer();
+    if (reused_size_ > static_cast<int64_t>(size_) &&
+        ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+      throw_file_error(errno, "truncate", path_ + " (temporary " + temp_path_ + ")");
+    }
     // fdatasync: the data and the metadata needed to read it back (size, block map); the name
     // becomes durable with the directory's fsync after the rename.
     if (options_.sync && ::fdatasync(fd_) != 0) throw_file_error(errno, "fdatasync", path_);
@@ -155,7 +174,7 @@ void AtomicFile::commit() {
 void write_file_atomically(const std::string& path, std::string_view contents,
                            AtomicFileOptions options) {
   options.buffer_size = 0;  // one write straight from `contents`
-  AtomicFile f(path, options);
+  AtomicFile f(path, std::move(options));
   f.append(contents);
   f.commit();
 }

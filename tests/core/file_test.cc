@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,48 @@ TEST_F(FileTest, AbortAndDestructionKeepTheOldFile) {
   EXPECT_EQ(read_file(path("a")), "old");
   EXPECT_EQ(entries(), 1);
   EXPECT_THROW(g.append("y"), InvalidArgumentError);
+}
+
+ino_t inode_of(const std::string& p) {
+  struct stat st;
+  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+  return st.st_ino;
+}
+
+TEST_F(FileTest, ReuseOverwritesAnExistingFileInPlaceAndTrimsIt) {
+  write_file_atomically(path("a"), "old");
+  write_file_atomically(path("spare"), std::string(10000, 's'));  // larger than the new content
+  const ino_t spare_inode = inode_of(path("spare"));
+  AtomicFile f(path("a"), {.reuse = path("spare")});
+  EXPECT_EQ(f.temp_path(), path("spare"));
+  f.append("new content");
+  EXPECT_EQ(read_file(path("a")), "old");
+  f.commit();
+  EXPECT_EQ(read_file(path("a")), "new content");  // the spare's tail is gone
+  EXPECT_EQ(inode_of(path("a")), spare_inode);     // the same file, renamed
+  EXPECT_FALSE(fs::exists(path("spare")));
+  EXPECT_EQ(entries(), 1);
+
+  // A smaller spare grows; an aborted one is removed like any temporary.
+  write_file_atomically(path("spare"), "xy");
+  write_file_atomically(path("b"), "b", {.reuse = path("spare")});
+  EXPECT_EQ(read_file(path("b")), "b");
+  write_file_atomically(path("spare2"), "zz");
+  {
+    AtomicFile g(path("b"), {.reuse = path("spare2")});
+    g.append(std::string(5000, 'g'));
+  }
+  EXPECT_EQ(read_file(path("b")), "b");
+  EXPECT_FALSE(fs::exists(path("spare2")));
+  EXPECT_EQ(entries(), 2);
+
+  // A missing (or non-regular) spare falls back to a new temporary.
+  fs::create_directory(path("dir"));
+  write_file_atomically(path("c"), "c1", {.reuse = path("missing")});
+  write_file_atomically(path("c"), "c2", {.reuse = path("dir")});
+  EXPECT_EQ(read_file(path("c")), "c2");
+  EXPECT_TRUE(fs::is_directory(path("dir")));
+  EXPECT_EQ(entries(), 4);
 }
 
 TEST_F(FileTest, ErrorsNameThePathAndMapErrno) {

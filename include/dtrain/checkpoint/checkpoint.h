@@ -47,6 +47,7 @@ namespace detail {
 struct TrackableExtra;
 struct GraphView;
 class AsyncWriter;
+class SpareFiles;
 }  // namespace detail
 
 // Something a checkpoint can save and restore: a reference to a model, layer, optimizer,
@@ -111,9 +112,10 @@ struct CheckpointOptions {
                               // background threads write (tf.train.CheckpointOptions)
   bool sync_to_disk = true;   // fsync files and directories; false only where durability does
                               // not matter (tests on tmpfs, benchmarks of the format itself)
-  int max_in_flight = 8;      // async: snapshots queued or being written at once, written
-                              // concurrently and committed in save order; save() blocks while
-                              // the queue is full. 1: each save waits for the previous one
+  int max_in_flight = 32;     // async: snapshots queued or being written at once, written
+                              // concurrently (a writer thread each, started as needed: their
+                              // fsyncs overlap) and committed in save order; save() blocks
+                              // while the queue is full. 1: each save waits for the previous one
   int64_t max_in_flight_bytes = int64_t{256} << 20;  // async: and at most this many bytes of
                                                      // snapshots (one snapshot always fits)
 };
@@ -209,9 +211,11 @@ class Checkpoint {
   // consecutive saves of the same commit group.
   using CommitFn = std::function<void(const std::vector<std::string>& prefixes)>;
   // Snapshots (copies when async) and writes `prefix`, then commits it with `commit` (none for
-  // write()). Async: blocks while the byte budget is full; earlier writes of the same prefix
-  // are waited for first.
-  void write_internal(const std::string& prefix, std::string commit_group, CommitFn commit);
+  // write()) after fsyncing the directories of the prefixes it commits. Async: blocks while the
+  // byte budget is full; earlier writes of the same prefix are waited for first. With `spares`,
+  // the data and index files overwrite spare files where there are some.
+  void write_internal(const std::string& prefix, std::string commit_group, CommitFn commit,
+                      detail::SpareFiles* spares = nullptr);
   // Async: blocks until a pipeline slot is free; rethrows a detected write error (once).
   void reserve_slot();
   // Async: rethrows a detected write error (once) without waiting.
@@ -220,7 +224,8 @@ class Checkpoint {
   bool writing(const std::string& prefix) const;
   void wait_for_write();
   void write_bundle(const std::string& prefix, const std::string& graph,
-                    const std::vector<std::pair<std::string, Tensor>>& tensors) const;
+                    const std::vector<std::pair<std::string, Tensor>>& tensors,
+                    detail::SpareFiles* spares, bool sync_directory) const;
   std::vector<std::pair<std::string, Trackable>> root_children();
 
   std::vector<std::pair<std::string, Trackable>> children_;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/shape.h"
@@ -39,7 +40,14 @@ struct BundleEntry {
 };
 
 struct BundleWriterOptions {
-  bool sync = true;  // fsync each file and the directory after each rename (crash safety)
+  bool sync = true;            // fsync each file and the directory after each rename (crash safety)
+  bool sync_directory = true;  // with sync: fsync the directory after the index's rename; false
+                               // when the caller fsyncs it before relying on the bundle (e.g.
+                               // once for several bundles, before a state file names them)
+  // Existing files to overwrite as the data and index temporaries instead of creating new ones
+  // (AtomicFileOptions::reuse); the writer owns them from then on.
+  std::string reuse_data = {};
+  std::string reuse_index = {};
 };
 
 // Writes one bundle: `<prefix>.data-00000-of-00001` while tensors are added, then the index.
@@ -105,6 +113,10 @@ class BundleReader {
   // The elements of a DT_STRING tensor, row-major; both of its checksums are verified. Throws
   // like read().
   std::vector<std::string> read_strings(std::string_view key) const;
+  // Whether the bundle's files no longer sit under their names (a CheckpointManager deleted or
+  // recycled the checkpoint since this reader opened it): what was read may then mix in another
+  // checkpoint's bytes.
+  bool files_replaced() const;
 
  private:
   std::string prefix_;
@@ -112,6 +124,8 @@ class BundleReader {
   bool big_endian_ = false;  // header says the data bytes are big-endian (swapped on read)
   std::map<std::string, BundleEntry, std::less<>> entries_;
   std::vector<int> fds_;  // one per data shard
+  // (device, inode) of the index and then of each data shard, as opened.
+  std::vector<std::pair<uint64_t, uint64_t>> file_ids_;
   void read_bytes(const BundleEntry& e, std::string_view key, void* dst) const;
 };
 

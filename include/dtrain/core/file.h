@@ -20,6 +20,12 @@ struct AtomicFileOptions {
                                   // later rename in the same directory fsyncs it for both
   size_t buffer_size = 1u << 20;  // appends smaller than this are coalesced; larger ones go
                                   // straight to the kernel without a copy
+  // An existing file in the destination's directory to overwrite as the temporary instead of
+  // creating one, so that its inode and blocks are reused (on ext4 without a journal, creating
+  // and deleting a file costs more kernel CPU than writing a megabyte). The AtomicFile owns it
+  // from then on: commit renames it over the destination, abort deletes it. When it cannot be
+  // opened, a new temporary is created.
+  std::string reuse = {};
 };
 
 class AtomicFile {
@@ -63,8 +69,9 @@ class AtomicFile {
   std::vector<char> buffer_;
   size_t buffered_ = 0;
   uint64_t size_ = 0;
-  uint64_t written_ = 0;    // bytes handed to write(2)
-  uint64_t writeback_ = 0;  // bytes whose writeback has been started (sync_file_range)
+  uint64_t written_ = 0;      // bytes handed to write(2)
+  uint64_t writeback_ = 0;    // bytes whose writeback has been started (sync_file_range)
+  int64_t reused_size_ = -1;  // the reused file's size when opened; -1: created
   bool done_ = false;
 };
 

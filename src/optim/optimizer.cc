@@ -94,7 +94,7 @@ void Optimizer::build(std::span<Variable* const> vars) {
   }
 }
 
-void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+void Optimizer::prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars) {
   DTRAIN_CHECK(grads.size() == vars.size(), name_, ".apply_gradients: ", grads.size(),
                " gradients for ", vars.size(), " variables");
   bool any_gradient = false;
@@ -122,19 +122,44 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
         str_cat(name_, ".apply_gradients: no gradients provided for any variable: [", names, "]"));
   }
   if (!all_built) build(vars);
+  pending_ = StepContext{iterations(), learning_rate()};
+}
 
-  const StepContext ctx{iterations(), learning_rate()};
-  const float wd_lr = static_cast<float>(weight_decay_ * ctx.lr);
+std::pair<int64_t, int64_t> Optimizer::element_range(int64_t n, int part, int parts) {
+  auto boundary = [&](int p) -> int64_t {
+    if (p <= 0) return 0;
+    if (p >= parts) return n;
+    const int64_t b = (n * p / parts + 8) / 16 * 16;  // nearest multiple of 16
+    return std::min(b, n);
+  };
+  return {boundary(part), boundary(part + 1)};
+}
+
+void Optimizer::update_part(std::span<const Tensor> grads, std::span<Variable* const> vars,
+                            int part, int parts) {
+  const float wd_lr = static_cast<float>(weight_decay_ * pending_.lr);
   for (size_t i = 0; i < vars.size(); ++i) {
     const Tensor& g = grads[i];
     if (!g.defined()) continue;
     Variable* var = vars[i];
-    float* x = var->tensor().data<float>();
-    const int64_t n = var->tensor().num_elements();
+    const auto [begin, end] = element_range(var->tensor().num_elements(), part, parts);
+    if (begin >= end) continue;
+    float* x = var->tensor().data<float>() + begin;
+    const int64_t n = end - begin;
     if (weight_decay_ > 0.0 && !fuses_weight_decay_) ops::weight_decay_update(x, n, wd_lr);
-    update_step(ctx, x, g.data<float>(), n, slots_.find(var->id())->second.data.data());
+    const SlotSet& set = slots_.find(var->id())->second;
+    std::array<float*, kMaxSlots> slots{};
+    for (size_t s = 0; s < slot_names_.size(); ++s) slots[s] = set.data[s] + begin;
+    update_step(pending_, x, g.data<float>() + begin, n, slots.data());
   }
-  iterations_.tensor().data<int64_t>()[0] += 1;
+}
+
+void Optimizer::finish_update() { iterations_.tensor().data<int64_t>()[0] += 1; }
+
+void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+  prepare_update(grads, vars);
+  update_part(grads, vars, 0, 1);
+  finish_update();
 }
 
 Variable* Optimizer::slot(const Variable& var, std::string_view slot_name) {

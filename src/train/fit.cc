@@ -103,6 +103,44 @@ void train_step(Model& model, train::TrainingState& s, const Tensor& x, const Te
   for (const auto& m : s.metrics) m->update_state(y, pred);
 }
 
+// Sums the local replicas' gradients into s.grads in replica order (deterministic), on this
+// thread. A replica without a gradient for a variable contributes nothing; a variable no replica
+// has a gradient for gets zeros.
+void sum_local_gradients(train::TrainingState& s, int64_t local) {
+  s.grads.resize(s.trainable.size());
+  for (size_t v = 0; v < s.trainable.size(); ++v) {
+    Tensor& sum = s.grads[v];
+    bool first = true;
+    for (int64_t r = 0; r < local; ++r) {
+      const auto& g = s.replicas[r].grads;
+      if (g.empty() || !g[v].defined()) continue;
+      if (first) {
+        if (g[v].use_count() == 1) {
+          // Only this replica's list holds its gradient: sum into it in place, no copy.
+          sum = g[v];
+        } else {
+          if (!sum.defined() || sum.shape() != g[v].shape() || sum.use_count() > 1) {
+            sum = Tensor(g[v].shape());
+          }
+          sum.copy_from(g[v]);
+        }
+        first = false;
+      } else {
+        float* d = sum.data<float>();
+        const float* src = g[v].data<float>();
+        for (int64_t i = 0, n = sum.num_elements(); i < n; ++i) d[i] += src[i];
+      }
+    }
+    if (first) {
+      // No local replica produced this gradient (e.g. every local part was empty): contribute 0.
+      if (!sum.defined() || sum.shape() != s.trainable[v]->shape()) {
+        sum = Tensor(s.trainable[v]->shape());
+      }
+      sum.fill(0);
+    }
+  }
+}
+
 // One synchronous data-parallel step (TF's MirroredStrategy / MultiWorkerMirroredStrategy
 // semantics): this worker takes its part of the global batch, each local replica computes the
 // gradient of its loss scaled by (replica rows / global rows) on its own tape and thread, the
@@ -145,40 +183,45 @@ void distributed_train_step(Model& model, train::TrainingState& s, const Tensor&
     rep.loss = loss.item();
     rep.y_pred = stop_gradient(y_pred);
   });
-  // Sum the local replicas' gradients into s.grads in replica order (deterministic).
-  s.grads.resize(s.trainable.size());
-  for (size_t v = 0; v < s.trainable.size(); ++v) {
-    Tensor& sum = s.grads[v];
-    bool first = true;
-    for (int64_t r = 0; r < local; ++r) {
-      const auto& g = s.replicas[r].grads;
-      if (g.empty() || !g[v].defined()) continue;
-      if (first) {
-        if (g[v].use_count() == 1) {
-          // Only this replica's list holds its gradient: sum into it in place, no copy.
-          sum = g[v];
-        } else {
-          if (!sum.defined() || sum.shape() != g[v].shape() || sum.use_count() > 1) {
-            sum = Tensor(g[v].shape());
-          }
-          sum.copy_from(g[v]);
-        }
-        first = false;
-      } else {
-        float* d = sum.data<float>();
-        const float* src = g[v].data<float>();
-        for (int64_t i = 0, n = sum.num_elements(); i < n; ++i) d[i] += src[i];
-      }
-    }
-    if (first) {
-      // No local replica produced this gradient (e.g. every local part was empty): contribute 0.
-      if (!sum.defined() || sum.shape() != s.trainable[v]->shape()) {
+  const size_t n = s.trainable.size();
+  // With several local replicas whose gradients are all defined (the usual case), the replica
+  // threads sum the gradients and, with one worker, apply the update, each on its own element
+  // range of every variable (Optimizer::element_range), so that neither runs serially.
+  const bool parallel =
+      local > 1 && std::all_of(s.replicas.begin(), s.replicas.end(), [&](auto& rep) {
+        return rep.grads.size() == n && std::all_of(rep.grads.begin(), rep.grads.end(),
+                                                    [](const Tensor& g) { return g.defined(); });
+      });
+  const bool fused_update = parallel && workers == 1 && !skip_nonfinite;
+  if (parallel) {
+    s.grads.resize(n);
+    for (size_t v = 0; v < n; ++v) {
+      Tensor& sum = s.grads[v];
+      if (!sum.defined() || sum.shape() != s.trainable[v]->shape() || sum.use_count() > 1) {
         sum = Tensor(s.trainable[v]->shape());
       }
-      sum.fill(0);
     }
+    if (fused_update) s.optimizer->prepare_update(s.grads, s.trainable);
+    st.run([c = &ctx, fused_update](int r) {
+      train::TrainingState& ts = *c->s;
+      const int parts = static_cast<int>(ts.replicas.size());
+      for (size_t v = 0; v < ts.grads.size(); ++v) {
+        float* d = ts.grads[v].data<float>();
+        const auto [begin, end] =
+            optim::Optimizer::element_range(ts.grads[v].num_elements(), r, parts);
+        // Replica order, as the serial sum: bitwise the same result.
+        const float* g0 = ts.replicas[0].grads[v].data<float>();
+        for (int64_t i = begin; i < end; ++i) d[i] = g0[i];
+        for (int q = 1; q < parts; ++q) {
+          const float* g = ts.replicas[static_cast<size_t>(q)].grads[v].data<float>();
+          for (int64_t i = begin; i < end; ++i) d[i] += g[i];
+        }
+      }
+      if (fused_update) ts.optimizer->update_part(ts.grads, ts.trainable, r, parts);
+    });
+  } else {
+    sum_local_gradients(s, local);
   }
-  const size_t n = s.trainable.size();
   if (workers > 1) {
     // The preemption flag rides in the same all-reduce as the gradients (one more float in a
     // bucket), so every worker learns at this step whether any of them must stop.
@@ -192,10 +235,24 @@ void distributed_train_step(Model& model, train::TrainingState& s, const Tensor&
   } else {
     s.stop_agreed = train::preemption_requested();
   }
-  // After the all-reduce every worker sees the same sums, so all skip (or apply) together.
-  s.last_step_applied = !skip_nonfinite || all_finite(s.grads, n);
-  if (!s.last_step_applied) return;
-  s.optimizer->apply_gradients(s.grads, s.trainable);
+  if (fused_update) {
+    s.optimizer->finish_update();
+    s.last_step_applied = true;
+  } else {
+    // After the all-reduce every worker sees the same sums, so all skip (or apply) together.
+    s.last_step_applied = !skip_nonfinite || all_finite(s.grads, n);
+    if (!s.last_step_applied) return;
+    if (parallel) {
+      s.optimizer->prepare_update(s.grads, s.trainable);
+      st.run([c = &ctx](int r) {
+        train::TrainingState& ts = *c->s;
+        ts.optimizer->update_part(ts.grads, ts.trainable, r, static_cast<int>(ts.replicas.size()));
+      });
+      s.optimizer->finish_update();
+    } else {
+      s.optimizer->apply_gradients(s.grads, s.trainable);
+    }
+  }
   for (int64_t r = 0; r < local; ++r) {
     const train::TrainingState::Replica& rep = s.replicas[r];
     if (!rep.y_pred.defined()) continue;

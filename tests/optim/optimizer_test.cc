@@ -6,8 +6,10 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "dtrain/core/random.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/optim/rmsprop.h"
 #include "dtrain/optim/sgd.h"
@@ -262,6 +264,92 @@ TEST(Optimizer, WeightDecayIsDecoupledForEveryOptimizer) {
   AdamW adamw(AdamWOptions{.learning_rate = 0.1, .weight_decay = 0.5});
   adamw.apply_gradients(grads, vars);
   EXPECT_FLOAT_EQ(w.tensor().data<float>()[0], 1.9f - 1.9f * 0.05f);
+}
+
+TEST(Optimizer, ElementRangesCoverInOrderOnCacheLineBoundaries) {
+  for (const int64_t n : {0, 1, 10, 16, 100, 1000, 100352}) {
+    for (const int parts : {1, 2, 3, 7}) {
+      int64_t expect_begin = 0;
+      for (int p = 0; p < parts; ++p) {
+        const auto [begin, end] = Optimizer::element_range(n, p, parts);
+        EXPECT_EQ(begin, expect_begin) << n << " " << p << "/" << parts;
+        EXPECT_LE(begin, end);
+        if (p + 1 < parts) {
+          EXPECT_TRUE(end % 16 == 0 || end == n) << end;
+        }
+        expect_begin = end;
+      }
+      EXPECT_EQ(expect_begin, n) << n << " " << parts;
+    }
+  }
+  // Large variables are split evenly (within a cache line).
+  const auto [b, e] = Optimizer::element_range(100352, 1, 2);
+  EXPECT_EQ(b, 50176);
+  EXPECT_EQ(e, 100352);
+}
+
+// update_part over every part, from several threads, is bitwise apply_gradients, for every
+// optimizer and variable sizes with and without a SIMD tail.
+TEST(Optimizer, UpdatePartsFromThreadsEqualApplyGradientsBitwise) {
+  auto make = [](int which) -> std::unique_ptr<Optimizer> {
+    switch (which) {
+      case 0:
+        return std::make_unique<Adam>(AdamOptions{.learning_rate = 0.01, .amsgrad = true});
+      case 1:
+        return std::make_unique<AdamW>(AdamWOptions{.learning_rate = 0.01, .weight_decay = 0.1});
+      case 2:
+        return std::make_unique<SGD>(
+            SGDOptions{.learning_rate = 0.1, .momentum = 0.9, .nesterov = true});
+      default:
+        return std::make_unique<RMSprop>(RMSpropOptions{
+            .learning_rate = 0.01, .momentum = 0.5, .centered = true, .weight_decay = 0.01});
+    }
+  };
+  const std::vector<int64_t> sizes{10, 4099, 100352, 1};
+  auto uniform = [](int64_t n, uint64_t seed) {
+    Philox rng(seed);
+    Tensor t(Shape{n});
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = rng.uniform(-1.0f, 1.0f);
+    return t;
+  };
+  for (int which = 0; which < 4; ++which) {
+    for (const int parts : {2, 3}) {
+      std::vector<std::unique_ptr<Variable>> a_vars, b_vars;
+      std::vector<Variable*> a, b;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const Tensor init = uniform(sizes[i], 100 + i);
+        a_vars.push_back(std::make_unique<Variable>("v" + std::to_string(i), init.clone()));
+        b_vars.push_back(std::make_unique<Variable>("v" + std::to_string(i), init.clone()));
+        a.push_back(a_vars.back().get());
+        b.push_back(b_vars.back().get());
+      }
+      auto serial = make(which), split = make(which);
+      for (int step = 0; step < 3; ++step) {
+        std::vector<Tensor> grads;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          grads.push_back(uniform(sizes[i], 1000 * step + i));
+        }
+        serial->apply_gradients(grads, a);
+        split->prepare_update(grads, b);
+        std::vector<std::thread> threads;
+        for (int p = 0; p < parts; ++p) {
+          threads.emplace_back([&, p] { split->update_part(grads, b, p, parts); });
+        }
+        for (auto& t : threads) t.join();
+        split->finish_update();
+      }
+      EXPECT_EQ(split->iterations(), 3);
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        EXPECT_TRUE(a[i]->tensor().equals(b[i]->tensor()))
+            << serial->name() << ", " << parts << " parts, variable of " << sizes[i];
+      }
+      const auto sa = serial->variables(), sb = split->variables();
+      ASSERT_EQ(sa.size(), sb.size());
+      for (size_t i = 0; i < sa.size(); ++i) {
+        EXPECT_TRUE(sa[i]->tensor().equals(sb[i]->tensor())) << sa[i]->name();
+      }
+    }
+  }
 }
 
 }  // namespace

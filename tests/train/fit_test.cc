@@ -7,6 +7,7 @@
 #include <new>
 
 #include "dtrain/core/random.h"
+#include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/optim/sgd.h"
@@ -178,6 +179,45 @@ TEST(Fit, ErrorsNameTheProblem) {
   }
   EXPECT_THROW(model->compile({.optimizer = "adamax", .loss = "mse"}), InvalidArgumentError);
   EXPECT_THROW(model->compile({.optimizer = "adam", .loss = "hinge_ish"}), InvalidArgumentError);
+}
+
+// Under MirroredStrategy(2) the replica threads sum the gradients and apply the update on halves
+// of every variable: with skip_nonfinite the update runs after the finiteness check (a second
+// parallel phase) instead of fused with the sum; both give the same bits, and the weights match
+// one replica on the same global batches.
+TEST(Fit, MirroredReplicasSplitTheUpdateAndMatchOneReplica) {
+  const Blobs train = make_blobs(640, 3, 21);
+  auto run = [&](int replicas, bool skip_nonfinite) {
+    distribute::MirroredStrategy strategy(replicas);
+    auto scope = strategy.scope();
+    nn::clear_session();
+    auto m = small_model(22);
+    m->fit(train.x, train.y,
+           {.epochs = 2,
+            .batch_size = 64,
+            .seed = 23,
+            .verbose = 0,
+            .skip_nonfinite = skip_nonfinite});
+    std::vector<Tensor> w;
+    for (Variable* v : m->weights()) w.push_back(v->tensor().clone());
+    for (Variable* v : m->optimizer()->variables()) w.push_back(v->tensor().clone());
+    return w;
+  };
+  const auto fused = run(2, false), phased = run(2, true), one = run(1, false);
+  ASSERT_EQ(fused.size(), phased.size());
+  ASSERT_EQ(fused.size(), one.size());
+  for (size_t i = 0; i < fused.size(); ++i) {
+    EXPECT_TRUE(fused[i].equals(phased[i])) << "variable " << i;
+    if (fused[i].dtype() != DType::kFloat32) {
+      EXPECT_TRUE(fused[i].equals(one[i])) << "variable " << i;  // the iteration counter
+      continue;
+    }
+    const float* a = fused[i].data<float>();
+    const float* b = one[i].data<float>();
+    for (int64_t k = 0; k < fused[i].num_elements(); ++k) {
+      ASSERT_NEAR(a[k], b[k], 1e-4f) << "variable " << i << " element " << k;
+    }
+  }
 }
 
 TEST(Fit, TrainingStepsDoNotAllocateInSteadyState) {

@@ -52,6 +52,20 @@ class Optimizer {
   // (naming the variable and both shapes), or every gradient is undefined. Each variable may
   // appear once.
   void apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
+  // apply_gradients split for several threads (MirroredStrategy's replicas): prepare_update()
+  // checks the arguments and creates missing slots as apply_gradients does (and throws the
+  // same errors); then update_part(grads, vars, p, parts) for every p in [0, parts), called
+  // concurrently from different threads, updates elements element_range(n, p, parts) of each
+  // variable (every optimizer's update is element-wise); finish_update() increments
+  // iterations(). Between prepare_update and finish_update nothing else may use the optimizer.
+  // The result is bitwise that of apply_gradients. Allocates nothing once the slots exist.
+  void prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars);
+  void update_part(std::span<const Tensor> grads, std::span<Variable* const> vars, int part,
+                   int parts);
+  void finish_update();
+  // Part `part` of `parts` of [0, n) as [first, second): contiguous, in order, covering [0, n),
+  // with inner boundaries on multiples of 16 elements (64-byte cache lines of float32).
+  static std::pair<int64_t, int64_t> element_range(int64_t n, int part, int parts);
 
   // Creates the slot variables (zeros, non-trainable) of each variable that has none yet, slot
   // by slot as Keras does (all "m", then all "v"), so a checkpoint can be restored into them
@@ -124,7 +138,8 @@ class Optimizer {
   bool fuses_weight_decay_;
   std::vector<std::string> slot_names_;
   Variable iterations_;
-  std::unordered_map<int64_t, SlotSet> slots_;             // by Variable::id()
+  std::unordered_map<int64_t, SlotSet> slots_;  // by Variable::id()
+  StepContext pending_{};                       // between prepare_update and finish_update
   std::vector<std::unique_ptr<Variable>> slot_variables_;  // creation order
 };
 

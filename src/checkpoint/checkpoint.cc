@@ -537,20 +537,25 @@ class AsyncWriter {
     job->group = std::move(group);
     job->write = std::move(write);
     job->commit = std::move(commit);
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) {
-      // A failure was detected after this save's reserve_slot(): nothing after it commits.
-      job->discarded = true;
-      warn(str_cat("asynchronous checkpoint ", job->prefix,
-                   " was discarded: an earlier asynchronous write failed (its error is raised by "
-                   "the next call)"));
+    std::string warning;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error_) {
+        // A failure was detected after this save's reserve_slot(): nothing after it commits.
+        job->discarded = true;
+        warning = str_cat("asynchronous checkpoint ", job->prefix,
+                          " was discarded: an earlier asynchronous write failed (its error is "
+                          "raised by the next call)");
+      }
+      unwritten_bytes_ += job->bytes;
+      jobs_.push_back(std::move(job));
+      if (idle_ == 0 && threads_.size() < max_in_flight_) {
+        threads_.emplace_back([this] { work(); });
+      }
+      work_cv_.notify_one();
     }
-    unwritten_bytes_ += job->bytes;
-    jobs_.push_back(std::move(job));
-    if (idle_ == 0 && threads_.size() < max_in_flight_) {
-      threads_.emplace_back([this] { work(); });
-    }
-    work_cv_.notify_one();
+    // Outside the lock: the warning handler may call back into the checkpoint.
+    if (!warning.empty()) warn(warning);
   }
 
   // Whether a pending job writes `prefix`.
@@ -635,9 +640,9 @@ class AsyncWriter {
       discarded += str_cat(discarded.empty() ? "" : ", ", jobs_[i]->prefix);
     }
     if (!discarded.empty()) {
-      warn(str_cat("asynchronous checkpoint(s) ", discarded,
-                   " queued after a failed one were discarded (the error is raised by the next "
-                   "call)"));
+      warnings_.push_back(str_cat("asynchronous checkpoint(s) ", discarded,
+                                  " queued after a failed one were discarded (the error is "
+                                  "raised by the next call)"));
     }
   }
 
@@ -646,7 +651,17 @@ class AsyncWriter {
   void commit_ready(std::unique_lock<std::mutex>& lock) {
     if (committing_) return;
     committing_ = true;
-    while (!jobs_.empty()) {
+    for (;;) {
+      if (!warnings_.empty()) {
+        // Emitted without the lock (the warning handler may call back into the checkpoint) but
+        // before committing_ clears, so that drain() returns after them.
+        std::vector<std::string> warnings = std::exchange(warnings_, {});
+        lock.unlock();
+        for (const std::string& w : warnings) warn(w);
+        lock.lock();
+        continue;
+      }
+      if (jobs_.empty()) break;
       Job& head = *jobs_.front();
       if (head.state == JobState::kWriting || (head.state == JobState::kQueued && !head.discarded))
         break;
@@ -714,7 +729,8 @@ class AsyncWriter {
   bool stop_ = false;
   size_t idle_ = 0;  // writer threads waiting for a job
   std::vector<std::thread> threads_;
-  std::exception_ptr error_;  // the first detected failure, not yet reported
+  std::exception_ptr error_;           // the first detected failure, not yet reported
+  std::vector<std::string> warnings_;  // found under the lock, emitted after releasing it
 };
 
 }  // namespace detail

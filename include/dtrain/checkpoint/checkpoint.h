@@ -242,7 +242,10 @@ class Checkpoint {
 std::optional<std::string> latest_checkpoint(const std::string& directory);
 
 // Where warnings go (fallback to an older checkpoint, unconsumed values, async write errors
-// found in a destructor). The default prints "WARNING: <message>" to stderr. Thread-safe.
+// found in a destructor, discarded async saves). The default prints "WARNING: <message>" to
+// stderr. Thread-safe. The handler runs on the thread that found the problem (an async writer
+// thread for discarded saves) with no lock of the checkpoint held; it must not wait for the
+// checkpoint (sync(), restore()) from there.
 void set_warning_handler(std::function<void(const std::string&)> handler);
 
 }  // namespace dtrain::checkpoint

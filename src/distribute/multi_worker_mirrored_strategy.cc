@@ -1,6 +1,10 @@
 // MultiWorkerMirroredStrategy: cluster resolution, choice of rendezvous, Gloo collectives.
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "dtrain/core/error.h"
@@ -14,6 +18,65 @@ std::string this_hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "127.0.0.1";
   return buf;
+}
+
+// The host part of a rendezvous URL ("host:port", "[v6]:port", "redis://host:port"); "" for a
+// file store or no URL.
+std::string rendezvous_host(const std::string& url) {
+  std::string rest = url;
+  if (const size_t scheme = url.find("://"); scheme != std::string::npos) {
+    if (url.compare(0, scheme, "file") == 0) return "";
+    rest = url.substr(scheme + 3);
+  }
+  rest = rest.substr(0, rest.find('/'));
+  if (!rest.empty() && rest[0] == '[') return rest.substr(1, rest.find(']') - 1);
+  const size_t colon = rest.rfind(':');
+  return colon == std::string::npos ? rest : rest.substr(0, colon);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The address this machine's traffic to `host` leaves from (a connected UDP socket's local
+// address: nothing is sent), or "" when `host` does not resolve or is unreachable.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
+  std::string out;
+  for (const addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char text[INET6_ADDRSTRLEN] = {};
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* addr =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) out = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return out;
+}
+
+// The address this worker's Gloo pairs listen on when nothing names one (DTRAIN_HOST, TF_CONFIG,
+// Slurm, MPI): loopback when the rendezvous is on this machine; the address that routes to a
+// remote rendezvous host (what the other machines reach, even where this machine's name
+// resolves to 127.0.1.1 or to another network namespace's address); else the machine's name.
+std::string default_host(const std::string& rendezvous) {
+  const std::string rdzv_host = rendezvous_host(rendezvous);
+  if (is_loopback(rdzv_host)) return "127.0.0.1";
+  if (!rdzv_host.empty()) {
+    if (std::string local = local_address_towards(rdzv_host); !local.empty()) return local;
+  }
+  return this_hostname();
 }
 
 }  // namespace
@@ -31,20 +94,19 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
         cluster_.task_index, " (from ", cluster_.source,
         "); only \"chief\" and \"worker\" tasks take part (run an evaluator or ps separately)"));
   }
-  std::string host = !options.host.empty() ? options.host : cluster_.host;
-  if (host.empty()) host = cluster_.num_workers == 1 ? "127.0.0.1" : this_hostname();
   const std::string run_id = !options.run_id.empty()    ? options.run_id
                              : !cluster_.run_id.empty() ? cluster_.run_id
                                                         : "default";
   const std::optional<int64_t> generation =
       options.generation ? options.generation : cluster_.generation;
 
+  std::string url;  // the rendezvous, when this strategy opens it
   if (options.store) {
     store_ = options.store;
   } else if (cluster_.num_workers == 1) {
     store_ = std::make_shared<InMemoryKeyValueStore>();
   } else {
-    std::string url = !options.rendezvous.empty() ? options.rendezvous : cluster_.rendezvous;
+    url = !options.rendezvous.empty() ? options.rendezvous : cluster_.rendezvous;
     if (url.empty()) {
       const std::string chief =
           cluster_.worker_addresses.empty() ? "" : cluster_.worker_addresses[0];
@@ -71,6 +133,8 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
       store_ = open_store(url);
     }
   }
+  std::string host = !options.host.empty() ? options.host : cluster_.host;
+  if (host.empty()) host = cluster_.num_workers == 1 ? "127.0.0.1" : default_host(url);
   collectives_ =
       Collectives::connect(store_, {.rank = cluster_.rank,
                                     .world_size = cluster_.num_workers,

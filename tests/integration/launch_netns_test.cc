@@ -95,10 +95,10 @@ class LaunchNetnsTest : public ::testing::Test {
                                              "10",
                                              "--collective"};
     argv.insert(argv.end(), launch.begin(), launch.end());
-    // The namespaces share one hostname (which resolves to 127.0.0.1): DTRAIN_HOST tells the
-    // workers which address their Gloo pairs use, as on hosts whose names do not resolve.
-    launchers_.push_back(spawn(argv, {{"DTRAIN_HOST", cluster_->addresses()[i]}},
-                               dir_ + "/out" + std::to_string(i)));
+    // The namespaces share one hostname, which resolves to none of their addresses: without
+    // DTRAIN_HOST each worker's Gloo pairs listen on the address that routes to the rendezvous
+    // host (node 0), which is what the other namespaces reach.
+    launchers_.push_back(spawn(argv, {}, dir_ + "/out" + std::to_string(i)));
   }
 
   std::string events_path(int i) const { return dir_ + "/events" + std::to_string(i) + ".jsonl"; }

@@ -922,6 +922,11 @@ bool listed(const std::string& dir, const std::string& path) {
   return false;
 }
 
+// How many checkpoints Checkpoint::save's state file lists at most (the newest ones whose files
+// exist): enough for restore_latest to fall back past a few corrupt ones, while a save after
+// every step of a long run neither rewrites nor checks an ever longer list.
+constexpr size_t kMaxListedBySave = 10;
+
 // Names `paths` (oldest first, all written) as the newest committed checkpoints of `dir`.
 void commit(const std::string& dir, const std::vector<std::string>& paths, bool sync) {
   CheckpointState out;
@@ -933,10 +938,16 @@ void commit(const std::string& dir, const std::vector<std::string>& paths, bool 
   if (std::optional<CheckpointState> st = read_state_or_warn(dir)) {
     const auto& listed_paths = st->all_model_checkpoint_paths;
     const auto& times = st->all_model_checkpoint_timestamps;
-    for (size_t i = 0; i < listed_paths.size(); ++i) {
+    // The newest earlier entries that still exist, newest first, then in file order.
+    std::vector<size_t> kept;
+    for (size_t i = listed_paths.size();
+         i-- > 0 && kept.size() + paths.size() < kMaxListedBySave;) {
       if (in_paths(listed_paths[i]) || !index_exists(listed_paths[i])) continue;
-      out.all_model_checkpoint_paths.push_back(listed_paths[i]);
-      out.all_model_checkpoint_timestamps.push_back(i < times.size() ? times[i] : now);
+      kept.push_back(i);
+    }
+    for (auto it = kept.rbegin(); it != kept.rend(); ++it) {
+      out.all_model_checkpoint_paths.push_back(listed_paths[*it]);
+      out.all_model_checkpoint_timestamps.push_back(*it < times.size() ? times[*it] : now);
     }
     out.last_preserved_timestamp = st->last_preserved_timestamp;
   }

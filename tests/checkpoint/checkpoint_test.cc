@@ -234,6 +234,26 @@ TEST_F(CheckpointTest, SaveNumbersCheckpointsAndCommitsThemInTheStateFile) {
   EXPECT_EQ(w.tensor().data<float>()[0], 1.0f);
 }
 
+TEST_F(CheckpointTest, SaveListsTheNewestTenExistingCheckpoints) {
+  Variable v("v", Tensor::scalar(1.0f));
+  Checkpoint ckpt({{"v", v}});
+  auto listed = [&] {
+    std::vector<int> out;
+    const std::optional<CheckpointState> st = read_checkpoint_state(dir_);
+    for (const std::string& p : st->all_model_checkpoint_paths) {
+      out.push_back(std::stoi(p.substr(p.rfind('-') + 1)));
+    }
+    return out;
+  };
+  for (int i = 1; i <= 15; ++i) ckpt.save(path("ckpt"));
+  EXPECT_EQ(listed(), (std::vector<int>{6, 7, 8, 9, 10, 11, 12, 13, 14, 15}));
+  EXPECT_TRUE(fs::exists(path("ckpt-1.index")));  // unlisted, not deleted (as TF)
+  fs::remove(path("ckpt-14.index"));
+  ckpt.save(path("ckpt"));
+  EXPECT_EQ(listed(), (std::vector<int>{6, 7, 8, 9, 10, 11, 12, 13, 15, 16}));
+  EXPECT_EQ(latest_checkpoint(dir_), path("ckpt-16"));
+}
+
 TEST_F(CheckpointTest, WriteUsesThePrefixAsGivenWithoutCounterOrStateFile) {
   Variable v("v", Tensor::scalar(1.0f));
   Checkpoint ckpt({{"v", v}});
@@ -454,10 +474,15 @@ TEST_F(CheckpointTest, PipelinedAsyncSavesCommitInSaveOrderAndSyncWaitsForAll) {
       ++polls;
       const auto st = parse_checkpoint_state(text, "state");
       const auto& ps = st.all_model_checkpoint_paths;
-      bool ok = !ps.empty() && st.model_checkpoint_path == ps.back();
-      for (size_t i = 0; ok && i < ps.size(); ++i) ok = ps[i] == "ckpt-" + std::to_string(i + 1);
-      ok = ok && static_cast<int64_t>(ps.size()) >= newest;
-      if (ok) newest = static_cast<int64_t>(ps.size());
+      // Consecutive checkpoints (the newest 10 at most), newest last, moving forward.
+      bool ok = !ps.empty() && ps.size() <= 10 && st.model_checkpoint_path == ps.back();
+      const int64_t first = ok ? std::stoll(ps[0].substr(5)) : 0;
+      for (size_t i = 0; ok && i < ps.size(); ++i) {
+        ok = ps[i] == "ckpt-" + std::to_string(first + static_cast<int64_t>(i));
+      }
+      const int64_t last = first + static_cast<int64_t>(ps.size()) - 1;
+      ok = ok && last >= newest;
+      if (ok) newest = last;
       // Named means complete: its index (written last, after the data) is there.
       ok = ok && fs::exists(path(ps.back() + ".index"));
       if (!ok && bad++ == 0) bad_state = text;
@@ -476,11 +501,13 @@ TEST_F(CheckpointTest, PipelinedAsyncSavesCommitInSaveOrderAndSyncWaitsForAll) {
   EXPECT_GT(polls.load(), 0);
   const auto st = read_checkpoint_state(dir_);
   ASSERT_TRUE(st.has_value());
-  ASSERT_EQ(st->all_model_checkpoint_paths.size(), static_cast<size_t>(kSaves));
+  ASSERT_EQ(st->all_model_checkpoint_paths.size(), 10u);
   EXPECT_EQ(latest_checkpoint(dir_), path("ckpt-" + std::to_string(kSaves)));
   for (int i = 1; i <= kSaves; ++i) {
-    EXPECT_EQ(st->all_model_checkpoint_paths[static_cast<size_t>(i - 1)],
-              path("ckpt-" + std::to_string(i)));
+    if (i > kSaves - 10) {
+      EXPECT_EQ(st->all_model_checkpoint_paths[static_cast<size_t>(i - (kSaves - 9))],
+                path("ckpt-" + std::to_string(i)));
+    }
     Variable r("v", Tensor::scalar(0.0f));
     int64_t rk = 0;
     Checkpoint reader_ckpt({{"v", r}, {"k", rk}});

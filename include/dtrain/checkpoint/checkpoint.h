@@ -164,8 +164,8 @@ class Checkpoint {
   Checkpoint& operator=(const Checkpoint&) = delete;
 
   // Increments save_counter and writes `<file_prefix>-<save_counter>` (data, then index), then
-  // commits it by rewriting `<dir>/checkpoint` to name it as the newest (earlier entries whose
-  // files still exist stay listed, so restore_latest can fall back to them). Returns the
+  // commits it by rewriting `<dir>/checkpoint` to name it as the newest (up to 9 earlier entries
+  // whose files still exist stay listed, so restore_latest can fall back to them). Returns the
   // written prefix. Sync: blocks until everything is fsynced. Async: returns after snapshotting
   // the values; a writer thread writes it and commits it after every earlier save; blocks only
   // while max_in_flight snapshots are pending (and for the earlier writes when it overwrites a

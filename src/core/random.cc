@@ -96,6 +96,13 @@ uint64_t g_seed = 0;          // guarded by g_seed_mu
 uint64_t g_seed_counter = 0;  // guarded by g_seed_mu
 }  // namespace
 
+namespace {
+thread_local ReplicaStream t_replica_stream;
+}  // namespace
+
+ReplicaStream current_replica_stream() { return t_replica_stream; }
+void set_current_replica_stream(ReplicaStream stream) { t_replica_stream = stream; }
+
 void set_random_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(g_seed_mu);
   g_has_seed = true;

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/random.h"
 #include "dtrain/core/thread_pool.h"
 #include "dtrain/ops/gemm.h"
 #include "replica_context.h"
@@ -71,11 +72,14 @@ void MirroredStrategy::replica_loop(int replica) {
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
     const auto* fn = fn_.load(std::memory_order_relaxed);
+    set_current_replica_stream(stream_base_ < 0 ? ReplicaStream{}
+                                                : ReplicaStream{stream_base_ + replica, replica});
     try {
       (*fn)(replica);
     } catch (...) {
       errors_[replica] = std::current_exception();
     }
+    set_current_replica_stream({});
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       // Under the mutex, so that a controlling thread about to sleep cannot miss it.
       std::lock_guard<std::mutex> lock(mu_);
@@ -90,6 +94,7 @@ void MirroredStrategy::run(const std::function<void(int local_replica)>& fn) {
   }
   running_ = true;
   for (auto& e : errors_) e = nullptr;
+  stream_base_ = num_replicas_in_sync() > 1 ? replica_id(0) : -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_.store(&fn, std::memory_order_relaxed);
@@ -98,12 +103,14 @@ void MirroredStrategy::run(const std::function<void(int local_replica)>& fn) {
   }
   start_cv_.notify_all();
   set_current_local_replica(0);
+  if (stream_base_ >= 0) set_current_replica_stream({stream_base_, 0});
   ScopeGuard scope(this);
   try {
     fn(0);
   } catch (...) {
     errors_[0] = std::current_exception();
   }
+  set_current_replica_stream({});
   set_current_local_replica(-1);
   if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
     std::unique_lock<std::mutex> lock(mu_);

@@ -150,12 +150,36 @@ Dropout::Dropout(float rate, DropoutOptions options)
   DTRAIN_CHECK(rate >= 0.0f && rate < 1.0f, "Dropout: rate must be in [0, 1), got ", rate);
 }
 
+Dropout::Dropout(Dropout&& other) noexcept
+    : Layer(std::move(other)),
+      rate_(other.rate_),
+      seed_(other.seed_),
+      seed_value_(other.seed_value_) {
+  for (int r = 0; r < kMaxLocalReplicas; ++r) {
+    calls_[r].store(other.calls_[r].load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+}
+
+void Dropout::set_rng_state(RngState s) {
+  seed_value_ = s.seed;
+  for (auto& c : calls_) c.store(s.counter, std::memory_order_relaxed);
+}
+
 Tensor Dropout::call(const Tensor& x, bool training) {
   if (!training || rate_ == 0.0f) return x;
   Tensor mask(x.shape());
   float* pm = mask.data<float>();
-  const auto n = static_cast<uint64_t>(mask.num_elements());
-  Philox rng(seed_value_, counter_.fetch_add(n, std::memory_order_relaxed));
+  const ReplicaStream stream = current_replica_stream();
+  const bool own = stream.replica >= 0 && stream.local < kMaxLocalReplicas;
+  const uint64_t key = stream.replica >= 0
+                           ? mix_seed(seed_value_, static_cast<uint64_t>(stream.replica) + 1)
+                           : seed_value_;
+  const uint64_t call =
+      calls_[own ? static_cast<size_t>(stream.local) : 0].fetch_add(1, std::memory_order_relaxed);
+  // Each call owns 2^32 values of the stream (a mask of up to 4 billion elements).
+  DTRAIN_CHECK(mask.num_elements() <= (int64_t{1} << 32), "Dropout: input of ", mask.num_elements(),
+               " elements is larger than 2^32");
+  Philox rng(key, call << 32);
   const float keep_scale = 1.0f / (1.0f - rate_);
   for (int64_t i = 0, n = mask.num_elements(); i < n; ++i) {
     pm[i] = rng.uniform() >= rate_ ? keep_scale : 0.0f;

@@ -7,6 +7,7 @@
 
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/core/random.h"
 #include "dtrain/nn/layers.h"
 
 namespace dtrain::nn {
@@ -166,6 +167,39 @@ TEST_F(ModelTest, DropoutIsIdentityAtInferenceAndScalesInTraining) {
     zeros += v == 0.0f;
   }
   EXPECT_NEAR(zeros, 500, 60);
+}
+
+// Each call draws from its own part of the stream; each replica of a strategy (as the strategy
+// marks its threads) from its own stream, the same whatever order the replicas call in.
+TEST_F(ModelTest, DropoutMasksDependOnCallIndexAndReplicaOnly) {
+  const Tensor x = Tensor::ones(Shape{4, 64});
+  auto mask = [&](Dropout& d, ReplicaStream stream) {
+    set_current_replica_stream(stream);
+    Tensor y = d(x, true);
+    set_current_replica_stream({});
+    return y;
+  };
+  Dropout a(0.5f, {.seed = 3}), b(0.5f, {.seed = 3});
+  // Replica 1 first on one layer, replica 0 first on the other: the same masks per replica.
+  const Tensor a1 = mask(a, {1, 1}), a0 = mask(a, {0, 0});
+  const Tensor b0 = mask(b, {0, 0}), b1 = mask(b, {1, 1});
+  EXPECT_TRUE(a0.equals(b0));
+  EXPECT_TRUE(a1.equals(b1));
+  EXPECT_FALSE(a0.equals(a1));  // replicas do not share masks
+  // Global replica 2 on another worker (local index 0 there) differs from replica 0.
+  Dropout c(0.5f, {.seed = 3});
+  EXPECT_FALSE(mask(c, {2, 0}).equals(a0));
+  // The next call differs from the first; restoring the state repeats it.
+  const RngState after_one = a.rng_state();
+  EXPECT_EQ(after_one.counter, 1u);
+  const Tensor second = mask(a, {0, 0});
+  EXPECT_FALSE(second.equals(a0));
+  a.set_rng_state(after_one);
+  EXPECT_TRUE(mask(a, {0, 0}).equals(second));
+  EXPECT_TRUE(mask(a, {1, 1}).equals(mask(b, {1, 1})));  // every replica's count was restored
+  // Outside strategies: the layer's own stream, the same for the same seed and call.
+  Dropout d(0.5f, {.seed = 3}), e(0.5f, {.seed = 3});
+  EXPECT_TRUE(d(x, true).equals(e(x, true)));
 }
 
 TEST_F(ModelTest, DefaultNamesFollowKeras) {

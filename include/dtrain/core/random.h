@@ -62,4 +62,17 @@ void set_random_seed(uint64_t seed);
 // per-process counter when a global seed is set, else from std::random_device.
 uint64_t next_seed();
 
+// Which replica the calling thread computes for, when a distribution strategy with several
+// replicas in sync runs it (strategies set it on their replica threads around each step):
+// `replica` is the global replica id (across workers), `local` its index in this process; both
+// -1 elsewhere. Components that draw random numbers per call (Dropout) give each replica its own
+// stream, so what a replica draws does not depend on how replica threads interleave, and
+// replicas on different workers do not draw the same numbers.
+struct ReplicaStream {
+  int replica = -1;
+  int local = -1;
+};
+ReplicaStream current_replica_stream();
+void set_current_replica_stream(ReplicaStream stream);
+
 }  // namespace dtrain

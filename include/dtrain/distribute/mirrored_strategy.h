@@ -67,6 +67,8 @@ class MirroredStrategy : public Strategy {
   // before sleeping on the condition variables (a futex wake-up costs more than a short step).
   // They are written under mu_, so a sleeper never misses a change.
   std::atomic<const std::function<void(int)>*> fn_{nullptr};
+  int stream_base_ = -1;  // the global id of local replica 0 when several replicas are in sync
+                          // (published with fn_), else -1
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};

@@ -2,6 +2,7 @@
 // Thread-safety as for Layer.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <optional>
 #include <string>
@@ -86,34 +87,38 @@ struct DropoutOptions {
 
 // During training, zeroes each element with probability `rate` and scales the rest by
 // 1/(1 − rate); the identity at inference. The RNG state is exposed for checkpoints.
+//
+// Draws: call k (counting training calls) takes its mask from the Philox stream of the layer's
+// seed starting at value k·2^32. Under a strategy with several replicas in sync, each replica
+// counts its own calls and draws from a stream keyed by the seed and its global replica id
+// (core/random.h: current_replica_stream), so a replica's masks depend neither on the order in
+// which replica threads arrive nor on which worker runs it, and no two replicas share masks.
 class Dropout : public Layer {
  public:
+  // Local replicas with their own call counter; more fall back to one shared counter
+  // (race-free, but then which replica gets which call index depends on timing).
+  static constexpr int kMaxLocalReplicas = 64;
+
   explicit Dropout(float rate, DropoutOptions options = {});
-  // Movable (layers are handed to models by value); the counter's value moves with it.
-  Dropout(Dropout&& other) noexcept
-      : Layer(std::move(other)),
-        rate_(other.rate_),
-        seed_(other.seed_),
-        seed_value_(other.seed_value_),
-        counter_(other.counter_.load(std::memory_order_relaxed)) {}
+  // Movable (layers are handed to models by value); the counters' values move with it.
+  Dropout(Dropout&& other) noexcept;
   std::string class_name() const override { return "Dropout"; }
   Tensor call(const Tensor& x, bool training) override;
   std::string config_json() const override;
   float rate() const { return rate_; }
-  RngState rng_state() const { return {seed_value_, counter_.load(std::memory_order_relaxed)}; }
-  void set_rng_state(RngState s) {
-    seed_value_ = s.seed;
-    counter_.store(s.counter, std::memory_order_relaxed);
-  }
+  // {seed, training calls so far} (of local replica 0 under a strategy: all replicas make the
+  // same calls).
+  RngState rng_state() const { return {seed_value_, calls_[0].load(std::memory_order_relaxed)}; }
+  // Sets the seed and every replica's call count.
+  void set_rng_state(RngState s);
 
  private:
   float rate_;
   std::optional<uint64_t> seed_;
-  // The Philox stream: each call reserves the next n values of the counter atomically, so
-  // replica threads calling one layer concurrently never share or race on draws (one replica
-  // sees exactly the sequential stream).
   uint64_t seed_value_;
-  std::atomic<uint64_t> counter_{0};
+  // Training calls so far: [0] outside strategies and for local replica 0, [r] for local
+  // replica r. Atomic, so that threads calling one layer concurrently never share a call index.
+  std::array<std::atomic<uint64_t>, kMaxLocalReplicas> calls_{};
 };
 
 struct ActivationOptions {

@@ -4,11 +4,11 @@
 # killed with SIGKILL; the launcher detects it, restarts the group, the workers resume exactly
 # from the newest backup, and the job finishes with the expected accuracy. Then the event log
 # and the TensorBoard entries show what happened.
-# Usage: scripts/demo_fault_tolerance.sh [epochs] [kill-after-seconds]   (after scripts/build.sh)
+# Usage: scripts/demo_fault_tolerance.sh [epochs=5] [kill-in-epoch=middle]   (after scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs="${1:-5}"
-kill_after="${2:-3}"
+kill_epoch="${2:-$(((epochs + 1) / 2))}"
 dtrain="${BUILD_DIR:-build}/dtrain"
 [[ -x "$dtrain" ]] || { echo "missing $dtrain: run scripts/build.sh first" >&2; exit 1; }
 run_dir="${DEMO_DIR:-demo_run}"
@@ -20,11 +20,26 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
   --event-log "$run_dir/events.jsonl" --logdir "$run_dir/logs" -- \
   "$dtrain" fit --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 \
   --checkpoint-dir "$run_dir/ckpt" --checkpoint-every 200 --resume --logdir "$run_dir/logs" \
-  --save "$run_dir/mnist_model.h5" &
+  --save "$run_dir/mnist_model.h5" > "$run_dir/launch.log" 2>&1 &
 launcher=$!
+tail -n +1 -f --pid="$launcher" "$run_dir/launch.log" &
+follower=$!
 
-# Kill worker 1 (the second training process the launcher started) midway.
-sleep "$kill_after"
+# Kill worker 1 (the second training process the launcher started) once the chief has printed
+# "Epoch <kill_epoch>/" and a backup was committed after that: by progress, not by time, whatever
+# the machine's speed (an epoch takes well under a second here).
+backups_before=-1
+while kill -0 "$launcher" 2> /dev/null; do
+  if [[ $backups_before -lt 0 ]] && grep -q "Epoch $kill_epoch/" "$run_dir/launch.log"; then
+    backups_before=$(ls "$run_dir/ckpt" 2> /dev/null | grep -c '\.index$' || true)
+    first_state=$(cat "$run_dir/ckpt/checkpoint" 2> /dev/null || true)
+  fi
+  if [[ $backups_before -ge 0 ]] &&
+    [[ "$(cat "$run_dir/ckpt/checkpoint" 2> /dev/null || true)" != "$first_state" ]]; then
+    break
+  fi
+  sleep 0.01
+done
 victim=""
 for pid in $(pgrep -P "$launcher" 2>/dev/null || true); do
   if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "fit --strategy multi-worker"; then
@@ -32,13 +47,14 @@ for pid in $(pgrep -P "$launcher" 2>/dev/null || true); do
   fi
 done
 if [[ -n "$victim" ]]; then
-  echo "[demo] kill -9 $victim (worker 1)"
+  echo "[demo] kill -9 $victim (worker 1): midway, once epoch $kill_epoch began and a backup followed"
   kill -9 "$victim"
 else
-  echo "[demo] the job finished before the kill: try a larger kill delay or more epochs"
+  echo "[demo] the job finished before the kill (epoch $kill_epoch of $epochs)"
 fi
 status=0
 wait "$launcher" || status=$?
+wait "$follower" 2> /dev/null || true
 
 echo
 echo "[demo] event log ($run_dir/events.jsonl):"

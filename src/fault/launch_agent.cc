@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -71,8 +72,23 @@ using std::chrono::milliseconds;
 using json = nlohmann::json;
 
 constexpr milliseconds kMonitorPeriod(250);  // progress, heartbeats, other nodes
-constexpr int kUnavailableCode = 5;          // docs/errors.md: a lost peer
-constexpr int kDeadlineCode = 6;             // docs/errors.md: a timeout
+
+// Whether process `pid` is stopped (by a signal or a tracer): state T or t in /proc/<pid>/stat.
+bool process_stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // "pid (comm) S ...": the state follows the last ')' (comm may contain parentheses).
+  const char* close = std::strrchr(buf, ')');
+  if (n == 0 || close == nullptr || close[1] != ' ') return false;
+  return close[2] == 'T' || close[2] == 't';
+}
+constexpr int kUnavailableCode = 5;  // docs/errors.md: a lost peer
+constexpr int kDeadlineCode = 6;     // docs/errors.md: a timeout
 
 milliseconds ms_of(double seconds) {
   return milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
@@ -346,8 +362,8 @@ void Agent::spawn_group(const Generation& g, std::vector<Worker>& workers) {
                         .run_id = o_.run_id};
   env.world_size = g.world_size;
   if (!service_.empty()) env.master = dist::parse_host_port(service_, "coordination service");
-  double progress_interval = 0.5;
-  if (o_.watchdog_timeout_s > 0) progress_interval = std::min(0.5, o_.watchdog_timeout_s / 4);
+  double progress_interval = 0.1;
+  if (o_.watchdog_timeout_s > 0) progress_interval = std::min(0.1, o_.watchdog_timeout_s / 4);
   const auto now = Clock::now();
   for (size_t i = 0; i < g.slots.size(); ++i) {
     Worker& w = workers[i];
@@ -531,8 +547,21 @@ void Agent::monitor(const Generation& g, std::vector<Worker>& workers,
 
   std::map<std::string, milliseconds> ages;
   if (o_.heartbeat_timeout_s > 0) ages = client_->heartbeat_ages();
+  // When one worker hangs, the others soon wait for it in a collective and stall too. Look at
+  // the likeliest culprit first: a stopped process (SIGSTOP, a debugger), then the worker
+  // furthest behind, then the one that stalled first.
+  std::vector<Worker*> order;
   for (auto& w : workers) {
-    if (!w.running) continue;
+    if (w.running) order.push_back(&w);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const Worker* a, const Worker* b) {
+    const bool sa = process_stopped(a->pid), sb = process_stopped(b->pid);
+    if (sa != sb) return sa;
+    if (a->step && b->step && *a->step != *b->step) return *a->step < *b->step;
+    return a->step_changed < b->step_changed;
+  });
+  for (Worker* wp : order) {
+    Worker& w = *wp;
     Failure f;
     f.rank = w.rank;
     f.slot = w.slot;
@@ -741,6 +770,23 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
       w.status = status;
       w.code = exit_code_of(status);
       reaped.push_back(&w);
+    }
+    if (client_ != nullptr &&
+        std::any_of(reaped.begin(), reaped.end(), [](const Worker* w) { return w->code != 0; })) {
+      // The newest steps the workers sent (the periodic read may be a monitor period old), so
+      // that failure events name where the workers got to.
+      try {
+        for (const auto& [k, v] : client_->get_prefix(str_cat("progress/", g.number, "/"))) {
+          const auto s = parse_int(v);
+          const auto rank = parse_int(k.substr(k.rfind('/') + 1));
+          if (!s || !rank) continue;
+          for (Worker* w : reaped) {
+            if (w->rank == *rank && (!w->step || *w->step < *s)) w->step = s;
+          }
+        }
+      } catch (const Error&) {
+        // Best effort: the service may be gone with the failure.
+      }
     }
     const auto priority = [&](const Worker* w) {
       if (w->code == 0) return 3;

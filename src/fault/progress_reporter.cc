@@ -139,11 +139,11 @@ std::unique_ptr<ProgressReporter> ProgressReporter::from_environment() {
       .address = env.master->to_string(),
       .generation = env.generation,
       .rank = env.rank,
-      .report_interval = seconds_from_env(kEnvProgressInterval, milliseconds(500)),
+      .report_interval = seconds_from_env(kEnvProgressInterval, milliseconds(100)),
       .heartbeat_interval = seconds_from_env(kEnvHeartbeatInterval, std::chrono::seconds(1)),
       .heartbeat_timeout = seconds_from_env(kEnvHeartbeatTimeout, std::chrono::seconds(10)),
   };
-  if (o.report_interval.count() == 0) o.report_interval = milliseconds(500);
+  if (o.report_interval.count() == 0) o.report_interval = milliseconds(100);
   if (o.heartbeat_timeout.count() == 0) o.heartbeat_timeout = std::chrono::hours(24 * 365);
   // Let the launcher's gdb read our stacks when we hang (Yama ptrace_scope 1 would refuse it).
   if (const char* launcher = std::getenv(kEnvLauncherPid)) {

@@ -30,7 +30,7 @@ inline constexpr const char* kEnvHeartbeatInterval = "DTRAIN_HEARTBEAT_INTERVAL"
 // Seconds without a heartbeat after which the launcher treats a worker as dead (decimal; 0:
 // never). Set by `dtrain launch --heartbeat-timeout`; default 10.
 inline constexpr const char* kEnvHeartbeatTimeout = "DTRAIN_HEARTBEAT_TIMEOUT";
-// Seconds between progress reports (decimal). Set by `dtrain launch`; default 0.5.
+// Seconds between progress reports (decimal). Set by `dtrain launch`; default 0.1.
 inline constexpr const char* kEnvProgressInterval = "DTRAIN_PROGRESS_INTERVAL";
 // The worker's slot on its node, 0 .. --nproc-per-node - 1: stable across restarts, while
 // DTRAIN_LOCAL_RANK is renumbered when a slot is excluded (use the slot to pick a device).
@@ -53,7 +53,7 @@ struct ProgressReporterOptions {
   int64_t generation = 1;    // DTRAIN_RDZV_GENERATION
   int rank = 0;              // DTRAIN_RANK
   // Newest step sent at most this often.
-  std::chrono::milliseconds report_interval = std::chrono::milliseconds(500);
+  std::chrono::milliseconds report_interval = std::chrono::milliseconds(100);
   // Heartbeat period; 0: no heartbeats.
   std::chrono::milliseconds heartbeat_interval = std::chrono::seconds(1);
   // Heartbeats failing this long mean the launcher is gone (see terminate_on_lost_service).

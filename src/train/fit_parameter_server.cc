@@ -13,6 +13,7 @@
 
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/core/random.h"
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
 #include "dtrain/train/tensorboard.h"
@@ -91,6 +92,12 @@ History serve_steps(nn::Model& model, ParameterServerStrategy& strategy, Trainin
     std::vector<double> out(kNumFixedResults, 0.0);
     s.grads.resize(s.trainable.size());
     if (rows > 0) {
+      // Each worker task draws from its own random stream (Dropout), so that workers training on
+      // different batches do not all apply the same masks.
+      struct StreamScope {
+        explicit StreamScope(int worker) { set_current_replica_stream({worker, 0}); }
+        ~StreamScope() { set_current_replica_stream({}); }
+      } stream_scope(strategy.cluster().task_type == "worker" ? strategy.cluster().task_index : 0);
       GradientTape tape;
       const Tensor y_pred = model(x, /*training=*/true);
       const Tensor loss = (*s.loss)(y, y_pred);

@@ -49,6 +49,7 @@ struct TrainFlags {
   int64_t steps_per_epoch = 0;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  bool async_checkpoint = false;
   bool resume = false;
   std::string strategy = "one";
   int replicas = 0;
@@ -286,6 +287,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   "(weights, optimizer, epoch, step, data position)");
   fit->add_option("--checkpoint-every", train_flags.checkpoint_every,
                   "Checkpoint every N steps (default: at the end of each epoch)");
+  fit->add_flag("--async-checkpoint", train_flags.async_checkpoint,
+                "Write checkpoints on background threads (the step only copies the state)");
   fit->add_flag("--resume", train_flags.resume,
                 "Resume exactly from the newest valid checkpoint in --checkpoint-dir");
   fit->add_option("--strategy", train_flags.strategy,
@@ -338,6 +341,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
             train::BackupAndRestoreOptions{.save_freq = train_flags.checkpoint_every,
                                            .delete_checkpoint = false,
                                            .max_to_keep = 3,
+                                           .enable_async = train_flags.async_checkpoint,
                                            .restore = train_flags.resume}));
       }
       if (train_flags.validate && d.test.x.defined()) {

@@ -371,7 +371,8 @@ train::History run_fit(Model& model,
   if (options.save_checkpoints) {
     callbacks.push_back(std::make_shared<train::BackupAndRestore>(
         options.checkpoint_dir,
-        train::BackupAndRestoreOptions{.save_freq = options.checkpoint_every}));
+        train::BackupAndRestoreOptions{.save_freq = options.checkpoint_every,
+                                       .enable_async = options.async_checkpoints}));
   }
   // The strategy's report_tensorboard (the tutorial's option) stands in for a logdir.
   std::string logdir = options.logdir;

@@ -16,18 +16,23 @@ namespace {
 
 const std::string kWorker = DTRAIN_FIT_WORKER;
 
-std::vector<std::string> args(const std::string& out, const std::string& ckpt) {
+std::vector<std::string> args(const std::string& out, const std::string& ckpt, bool async) {
   std::vector<std::string> a = {kWorker,    "--mode", "single",          "--out", out,
                                 "--epochs", "800",    "--step-delay-us", "400"};
   if (!ckpt.empty()) {
     a.insert(a.end(), {"--checkpoint-dir", ckpt, "--checkpoint-every", "7"});
+    if (async) a.insert(a.end(), {"--async-checkpoint", "1"});
   }
   return a;
 }
 
-TEST(FitChaos, KilledAtRandomPointsResumesToTheSameBits) {
+// Sync backups, and async ones (pipelined, written by background threads over recycled files).
+class FitChaos : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FitChaos, KilledAtRandomPointsResumesToTheSameBits) {
+  const bool async = GetParam();
   const std::string dir = make_temp_dir();
-  Process ref = spawn(args(dir + "/reference.bin", ""), {}, dir + "/reference.log");
+  Process ref = spawn(args(dir + "/reference.bin", "", false), {}, dir + "/reference.log");
   ASSERT_EQ(wait_for(ref, std::chrono::steady_clock::now() + std::chrono::seconds(120)), 0)
       << read_file(ref.log);
   const std::string reference = read_file(dir + "/reference.bin");
@@ -39,7 +44,7 @@ TEST(FitChaos, KilledAtRandomPointsResumesToTheSameBits) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(150);
   for (;;) {
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "chaos runs took too long";
-    Process p = spawn(args(dir + "/chaos.bin", dir + "/ckpt"), {},
+    Process p = spawn(args(dir + "/chaos.bin", dir + "/ckpt", async), {},
                       dir + "/chaos" + std::to_string(runs++) + ".log");
     if (kills < 20) {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
@@ -62,6 +67,9 @@ TEST(FitChaos, KilledAtRandomPointsResumesToTheSameBits) {
       << "resumed training ended with different weights after " << kills << " kills";
   std::system(("rm -rf " + dir).c_str());
 }
+
+INSTANTIATE_TEST_SUITE_P(Backups, FitChaos, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
 
 }  // namespace
 }  // namespace dtrain::testing

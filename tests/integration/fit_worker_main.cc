@@ -2,7 +2,8 @@
 // Model::fit under no strategy, MirroredStrategy or MultiWorkerMirroredStrategy (cluster from
 // TF_CONFIG) and writes every model and optimizer variable, raw, to --out.
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
-//              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N] [--step-delay-us U]
+//              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
+//              [--step-delay-us U]
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -44,6 +45,7 @@ struct Backup {
   std::string dir;            // empty: no backups
   int64_t every = 0;          // steps between backups (0: each epoch)
   int64_t step_delay_us = 0;  // sleep after each step (gives chaos tests time to strike)
+  bool async = false;         // backups written on background threads
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -94,6 +96,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
                             .save_checkpoints = !backup.dir.empty(),
                             .checkpoint_dir = backup.dir,
                             .checkpoint_every = backup.every,
+                            .async_checkpoints = backup.async,
                             .verify_sync_every = verify_every});
   // Under dtrain launch every worker writes its own file.
   if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
@@ -136,6 +139,8 @@ int main(int argc, char** argv) {
       backup.every = std::atoll(v.c_str());
     else if (k == "--step-delay-us")
       backup.step_delay_us = std::atoll(v.c_str());
+    else if (k == "--async-checkpoint")
+      backup.async = v == "1";
     else {
       std::fprintf(stderr, "error: unknown flag %s\n", k.c_str());
       return 2;

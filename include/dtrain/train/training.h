@@ -87,6 +87,10 @@ struct FitOptions {
   bool save_checkpoints = false;
   std::string checkpoint_dir = "dtrain_backup";
   int64_t checkpoint_every = 0;
+  // With save_checkpoints: snapshot the state and write it on background threads
+  // (BackupAndRestoreOptions::enable_async), so that frequent backups cost the training loop
+  // a memory copy instead of a synchronous write.
+  bool async_checkpoints = false;
   // Write TensorBoard event files (loss, metrics, learning rate, steps/s) under this directory
   // (the TensorBoard callback, chief only). Empty: none.
   std::string logdir = "";

@@ -91,8 +91,9 @@ int main(int argc, char** argv) {
       const Tensor loss = scale(loss_fn(yr, model(xr, /*training=*/true)), 16.0f / 32.0f);
       grads[r] = tape.gradient(loss, vars);
     });
-    // strategy.reduce(SUM, grads) in replica order, then one update of the mirrored variables.
-    for (size_t v = 0; v < vars.size(); ++v) grads[0][v] = add(grads[0][v], grads[1][v]);
+    // strategy.reduce(SUM, grads): summed in replica order (split over the replica threads) into
+    // replica 0's list, then one update of the mirrored variables.
+    strategy.reduce_gradients(grads, grads[0], distribute::ReduceOp::kSum);
     optimizer.apply_gradients(grads[0], vars);
     checkpoint.save(dir + "/model.ckpt");  // model.ckpt-1, model.ckpt-2, ...
   }

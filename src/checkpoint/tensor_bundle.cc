@@ -10,6 +10,7 @@
 #include <leveldb/options.h>
 #include <leveldb/table.h>
 #include <leveldb/table_builder.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +30,33 @@ namespace dtrain::checkpoint {
 namespace {
 
 constexpr size_t kTableBlockSize = 262144;  // TF's BundleWriter/MergeBundles block size
+
+// How a reader holds a checkpoint file against recycling (CheckpointManager::recycle_files: a
+// writer overwriting a dropped checkpoint's file holds an exclusive flock on it and skips files
+// on which someone holds a shared one).
+enum class Hold {
+  kHeld,         // shared lock taken and `path` still names the file: its bytes cannot change
+  kRecycled,     // being overwritten now, or no longer under its name: do not trust it
+  kUnprotected,  // the filesystem has no flock: nothing is known
+};
+
+Hold hold_file(int fd, const std::string& path) {
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    return errno == EWOULDBLOCK ? Hold::kRecycled : Hold::kUnprotected;
+  }
+  struct stat opened, named;
+  if (::fstat(fd, &opened) != 0 || ::stat(path.c_str(), &named) != 0 ||
+      opened.st_dev != named.st_dev || opened.st_ino != named.st_ino) {
+    return Hold::kRecycled;
+  }
+  return Hold::kHeld;
+}
+
+[[noreturn]] void throw_recycled(const std::string& path) {
+  throw AbortedError(str_cat("checkpoint file ", path,
+                             " was dropped and is being reused by its CheckpointManager; restore a "
+                             "newer checkpoint (restore_latest retries)"));
+}
 constexpr int kTableRestartInterval = 16;
 constexpr int kBundleVersion = 1;              // kTensorBundleVersion (producer)
 constexpr int kBundleMinConsumer = 0;          // kTensorBundleMinConsumer
@@ -315,13 +343,35 @@ void BundleWriter::finish() {
 
 BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
   const std::string index_path = index_filename(prefix_);
-  // The name's inode before the read: names of recycled files are never bound again, so
-  // files_replaced() notices when the index read was of a recycled file.
-  struct stat index_stat;
-  if (::stat(index_path.c_str(), &index_stat) == 0) {
-    file_ids_.emplace_back(index_stat.st_dev, index_stat.st_ino);
+  // Each file is held (hold_file) before it is read; the index only while it is read into
+  // memory, the data shards for this reader's lifetime.
+  std::string index;
+  {
+    const int fd = ::open(index_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw_file_error(errno, "open", index_path);  // NotFoundError when absent
+    const Hold hold = hold_file(fd, index_path);
+    struct stat st_buf;
+    if (hold == Hold::kRecycled || ::fstat(fd, &st_buf) != 0) {
+      ::close(fd);
+      throw_recycled(index_path);
+    }
+    protected_ = hold == Hold::kHeld;
+    file_ids_.emplace_back(st_buf.st_dev, st_buf.st_ino);
+    index.reserve(static_cast<size_t>(st_buf.st_size));
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t r = ::read(fd, buf, sizeof(buf));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        const int err = errno;
+        ::close(fd);
+        throw_file_error(err, "read", index_path);
+      }
+      if (r == 0) break;
+      index.append(buf, static_cast<size_t>(r));
+    }
+    ::close(fd);
   }
-  const std::string index = read_file(index_path);  // NotFoundError when absent
   StringSource source(index);
   leveldb::Options options;
   options.paranoid_checks = true;  // verify the index block's checksum at open
@@ -391,6 +441,13 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
                                   " cannot be opened: ", std::strerror(err)));
     }
     fds_.push_back(fd);
+    const Hold hold = hold_file(fd, path);
+    if (hold == Hold::kRecycled) {
+      for (int f : fds_) ::close(f);
+      fds_.clear();
+      throw_recycled(path);
+    }
+    protected_ = protected_ && hold == Hold::kHeld;
     struct stat st_buf;
     if (::fstat(fd, &st_buf) == 0) {
       sizes.push_back(static_cast<int64_t>(st_buf.st_size));
@@ -420,6 +477,7 @@ BundleReader::~BundleReader() {
 }
 
 bool BundleReader::files_replaced() const {
+  if (protected_) return false;  // held since before they were read: unchanged
   if (file_ids_.size() != fds_.size() + 1) return true;  // a stat failed: cannot tell
   for (size_t i = 0; i < file_ids_.size(); ++i) {
     const std::string path = i == 0 ? index_filename(prefix_)

@@ -2,6 +2,7 @@
 #include "dtrain/core/file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -73,12 +74,17 @@ AtomicFile::AtomicFile(std::string path, AtomicFileOptions options)
     // trims what is left beyond the new size.
     fd_ = ::open(options_.reuse.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
-    if (fd_ >= 0 && ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode)) {
+    // Held exclusively while it is rewritten: a reader that holds it (a shared flock, see
+    // BundleReader) still needs its bytes, so then it is deleted instead (the reader keeps the
+    // file) and a new temporary is created.
+    const bool readers = fd_ >= 0 && ::flock(fd_, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    if (fd_ >= 0 && !readers && ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode)) {
       temp_path_ = options_.reuse;
       reused_size_ = st.st_size;
     } else if (fd_ >= 0) {
       ::close(fd_);
       fd_ = -1;
+      if (readers) ::unlink(options_.reuse.c_str());
     }
   }
   if (fd_ < 0) {

@@ -340,19 +340,22 @@ TEST_F(ManagerTest, RecyclesTheFilesOfDroppedCheckpointsAndRemovesSparesAtTheEnd
   }
 }
 
-TEST_F(ManagerTest, AReaderNoticesThatItsCheckpointWasRecycled) {
+TEST_F(ManagerTest, AReaderKeepsTheBytesOfACheckpointThatIsDroppedWhileItReads) {
   Variable v("v", Tensor::zeros(Shape{4096}));
   Checkpoint ckpt({{"v", v}});
   CheckpointManager manager(ckpt, dir_, {.max_to_keep = 1});
   manager.save();
-  BundleReader old_reader(path("ckpt-1"));
+  BundleReader old_reader(path("ckpt-1"));  // holds ckpt-1's data file (a shared flock)
   EXPECT_FALSE(old_reader.files_replaced());
   v.tensor().fill(5.0f);
   manager.save();  // drops ckpt-1: its files become spares
-  manager.save();  // and are overwritten by ckpt-3
-  EXPECT_TRUE(old_reader.files_replaced());
+  manager.save();  // ckpt-3 may not overwrite the held data file: it is deleted instead
+  EXPECT_FALSE(old_reader.files_replaced());
+  EXPECT_TRUE(old_reader.read("v/.ATTRIBUTES/VARIABLE_VALUE").equals(Tensor::zeros(Shape{4096})));
+  EXPECT_EQ(temporaries(dir_).size(), 2u);  // ckpt-2's spares; ckpt-1's data spare is gone
   BundleReader reader(path("ckpt-3"));
   EXPECT_FALSE(reader.files_replaced());
+  EXPECT_EQ(reader.read("v/.ATTRIBUTES/VARIABLE_VALUE").data<float>()[4095], 5.0f);
 }
 
 // Another thread restores the newest checkpoint over and over while saves (every one dropping

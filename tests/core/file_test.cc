@@ -1,7 +1,9 @@
 #include "dtrain/core/file.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -105,6 +107,23 @@ TEST_F(FileTest, ReuseOverwritesAnExistingFileInPlaceAndTrimsIt) {
   EXPECT_EQ(read_file(path("c")), "c2");
   EXPECT_TRUE(fs::is_directory(path("dir")));
   EXPECT_EQ(entries(), 4);
+}
+
+TEST_F(FileTest, ReuseLeavesAFileThatAReaderHoldsAlone) {
+  write_file_atomically(path("spare"), "old bytes");
+  const int reader = ::open(path("spare").c_str(), O_RDONLY);
+  ASSERT_GE(reader, 0);
+  ASSERT_EQ(::flock(reader, LOCK_SH | LOCK_NB), 0);  // as BundleReader holds its files
+  AtomicFile f(path("a"), {.reuse = path("spare")});
+  EXPECT_NE(f.temp_path(), path("spare"));  // a new temporary
+  EXPECT_FALSE(fs::exists(path("spare")));  // the held file was deleted, not overwritten
+  f.append("new bytes!");
+  f.commit();
+  EXPECT_EQ(read_file(path("a")), "new bytes!");
+  char buf[32] = {};
+  EXPECT_EQ(::pread(reader, buf, sizeof(buf), 0), 9);
+  EXPECT_EQ(std::string(buf), "old bytes");  // the reader's bytes are intact
+  ::close(reader);
 }
 
 TEST_F(FileTest, ErrorsNameThePathAndMapErrno) {

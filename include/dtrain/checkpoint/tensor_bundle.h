@@ -90,7 +90,8 @@ class BundleWriter {
 class BundleReader {
  public:
   // Throws NotFoundError when `<prefix>.index` does not exist, DataLossError naming the file
-  // when the index is corrupt or a data shard is missing or shorter than its entries need.
+  // when the index is corrupt or a data shard is missing or shorter than its entries need,
+  // AbortedError when a CheckpointManager is recycling the checkpoint's files right now.
   explicit BundleReader(std::string prefix);
   ~BundleReader();
   BundleReader(const BundleReader&) = delete;
@@ -113,9 +114,11 @@ class BundleReader {
   // The elements of a DT_STRING tensor, row-major; both of its checksums are verified. Throws
   // like read().
   std::vector<std::string> read_strings(std::string_view key) const;
-  // Whether the bundle's files no longer sit under their names (a CheckpointManager deleted or
-  // recycled the checkpoint since this reader opened it): what was read may then mix in another
-  // checkpoint's bytes.
+  // Whether what this reader read may mix in another checkpoint's bytes: a CheckpointManager
+  // recycled the bundle's files since they were opened. Readers hold their files with a shared
+  // flock, which a recycling writer respects (it deletes such a file instead of overwriting it),
+  // so this is false whenever the locks could be taken; on filesystems without flock it says
+  // whether the files still sit under their names.
   bool files_replaced() const;
 
  private:
@@ -126,6 +129,7 @@ class BundleReader {
   std::vector<int> fds_;  // one per data shard
   // (device, inode) of the index and then of each data shard, as opened.
   std::vector<std::pair<uint64_t, uint64_t>> file_ids_;
+  bool protected_ = false;  // every file was held (a shared flock) before it was read
   void read_bytes(const BundleEntry& e, std::string_view key, void* dst) const;
 };
 

@@ -23,8 +23,9 @@ struct AtomicFileOptions {
   // An existing file in the destination's directory to overwrite as the temporary instead of
   // creating one, so that its inode and blocks are reused (on ext4 without a journal, creating
   // and deleting a file costs more kernel CPU than writing a megabyte). The AtomicFile owns it
-  // from then on: commit renames it over the destination, abort deletes it. When it cannot be
-  // opened, a new temporary is created.
+  // from then on: commit renames it over the destination, abort deletes it. It is held with an
+  // exclusive flock while it is rewritten; when it cannot be opened, or a reader holds a shared
+  // flock on it, it is deleted (the reader keeps its bytes) and a new temporary is created.
   std::string reuse = {};
 };
 

@@ -71,7 +71,11 @@ void storage_free(StorageHeader* h) {
     std::lock_guard<std::mutex> lock(c.mu);
     c.stats.bytes_in_use -= h->capacity;
     if (h->capacity <= kMaxCachedBuffer && c.stats.bytes_cached + h->capacity <= kMaxCachedBytes) {
-      c.free_lists[h->capacity].push_back(h);
+      std::vector<StorageHeader*>& list = c.free_lists[h->capacity];
+      // Room for the buffers several replica threads free in a step, so that the interleaving
+      // of their frees does not grow the list (an operator new) now and then for many steps.
+      if (list.capacity() == 0) list.reserve(64);
+      list.push_back(h);
       c.stats.bytes_cached += h->capacity;
       return;
     }

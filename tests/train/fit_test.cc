@@ -266,5 +266,21 @@ TEST(Fit, TrainingStepsDoNotAllocateInSteadyState) {
   EXPECT_EQ(sys_at_35, sys_at_10) << "tensor buffers taken from the system in 25 steps";
 }
 
+// The same under MirroredStrategy(2): replica threads allocate and free tensors concurrently.
+TEST(Fit, MirroredTrainingStepsDoNotAllocateInSteadyState) {
+  const Blobs d = make_blobs(64 * 40, 3, 27);
+  distribute::MirroredStrategy strategy(2);
+  auto scope = strategy.scope();
+  auto model = small_model(28);
+  long at_batch_10 = 0, at_batch_35 = 0;
+  auto probe = std::make_shared<train::LambdaCallback>(
+      train::LambdaCallbackOptions{.on_batch_end = [&](int64_t b, const nn::Logs&) {
+        if (b == 10) at_batch_10 = testutil::new_calls();
+        if (b == 35) at_batch_35 = testutil::new_calls();
+      }});
+  model->fit(d.x, d.y, {.epochs = 1, .batch_size = 64, .verbose = 0, .callbacks = {probe}});
+  EXPECT_EQ(at_batch_35 - at_batch_10, 0) << "operator new calls in 25 mirrored training steps";
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -357,18 +357,11 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
     }
     protected_ = hold == Hold::kHeld;
     file_ids_.emplace_back(st_buf.st_dev, st_buf.st_ino);
-    index.reserve(static_cast<size_t>(st_buf.st_size));
-    char buf[1 << 16];
-    for (;;) {
-      const ssize_t r = ::read(fd, buf, sizeof(buf));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) {
-        const int err = errno;
-        ::close(fd);
-        throw_file_error(err, "read", index_path);
-      }
-      if (r == 0) break;
-      index.append(buf, static_cast<size_t>(r));
+    try {
+      index = read_to_end(fd, index_path);
+    } catch (...) {
+      ::close(fd);
+      throw;
     }
     ::close(fd);
   }

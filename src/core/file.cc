@@ -188,6 +188,17 @@ void write_file_atomically(const std::string& path, std::string_view contents,
 std::string read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_file_error(errno, "open", path);
+  try {
+    std::string out = read_to_end(fd, path);
+    ::close(fd);
+    return out;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+}
+
+std::string read_to_end(int fd, const std::string& path) {
   std::string out;
   struct stat st;
   if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
@@ -196,14 +207,11 @@ std::string read_file(const std::string& path) {
     const ssize_t r = ::read(fd, buf, sizeof(buf));
     if (r < 0) {
       if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      throw_file_error(err, "read", path);
+      throw_file_error(errno, "read", path);
     }
     if (r == 0) break;
     out.append(buf, static_cast<size_t>(r));
   }
-  ::close(fd);
   return out;
 }
 

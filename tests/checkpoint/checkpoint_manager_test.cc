@@ -14,6 +14,7 @@
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "testutil/checkpoint_state_check.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -184,7 +185,7 @@ TEST_F(ManagerTest, PipelinedAsyncSavesCommitInOrderAndRotateAfterCommitting) {
     std::string bad_state;
     // The state file only ever lists consecutive checkpoints, newest last, moving forward.
     std::thread reader([&] {
-      int newest = 0;
+      int64_t newest = 0;
       while (!done.load()) {
         std::string text;
         try {
@@ -194,15 +195,7 @@ TEST_F(ManagerTest, PipelinedAsyncSavesCommitInOrderAndRotateAfterCommitting) {
           continue;
         }
         const auto st = parse_checkpoint_state(text, "state");
-        const auto& ps = st.all_model_checkpoint_paths;
-        bool ok = !ps.empty() && ps.size() <= 3 && st.model_checkpoint_path == ps.back();
-        const int first = ok ? std::stoi(ps[0].substr(5)) : 0;
-        for (size_t i = 0; ok && i < ps.size(); ++i) {
-          ok = ps[i] == "ckpt-" + std::to_string(first + static_cast<int>(i));
-        }
-        const int last = first + static_cast<int>(ps.size()) - 1;
-        ok = ok && last >= newest;
-        if (ok) newest = last;
+        const bool ok = testutil::lists_consecutive_moving_forward(st, "ckpt", 3, newest);
         if (!ok && bad++ == 0) bad_state = text;
       }
     });

@@ -18,6 +18,7 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/adam.h"
+#include "testutil/checkpoint_state_check.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -473,18 +474,10 @@ TEST_F(CheckpointTest, PipelinedAsyncSavesCommitInSaveOrderAndSyncWaitsForAll) {
       }
       ++polls;
       const auto st = parse_checkpoint_state(text, "state");
-      const auto& ps = st.all_model_checkpoint_paths;
-      // Consecutive checkpoints (the newest 10 at most), newest last, moving forward.
-      bool ok = !ps.empty() && ps.size() <= 10 && st.model_checkpoint_path == ps.back();
-      const int64_t first = ok ? std::stoll(ps[0].substr(5)) : 0;
-      for (size_t i = 0; ok && i < ps.size(); ++i) {
-        ok = ps[i] == "ckpt-" + std::to_string(first + static_cast<int64_t>(i));
-      }
-      const int64_t last = first + static_cast<int64_t>(ps.size()) - 1;
-      ok = ok && last >= newest;
-      if (ok) newest = last;
-      // Named means complete: its index (written last, after the data) is there.
-      ok = ok && fs::exists(path(ps.back() + ".index"));
+      // Consecutive checkpoints (the newest 10 at most), newest last, moving forward; named
+      // means complete: its index (written last, after the data) is there.
+      const bool ok = testutil::lists_consecutive_moving_forward(st, "ckpt", 10, newest) &&
+                      fs::exists(path(st.model_checkpoint_path + ".index"));
       if (!ok && bad++ == 0) bad_state = text;
     }
   });

@@ -83,6 +83,9 @@ void write_file_atomically(const std::string& path, std::string_view contents,
 // The whole content of `path`. Throws NotFoundError when it does not exist, another Error
 // naming the path otherwise.
 std::string read_file(const std::string& path);
+// What is left of the open file `fd`, read to its end (the caller keeps and closes `fd`).
+// Throws an Error naming `path`.
+std::string read_to_end(int fd, const std::string& path);
 
 // fsyncs directory `dir` so that renames and creations in it are durable. Throws an Error
 // naming the directory.

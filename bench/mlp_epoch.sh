@@ -18,6 +18,10 @@ if [[ -z "${KEEP_OPENBLAS_ENV:-}" ]]; then unset OPENBLAS_CORETYPE OPENBLAS_L2_S
 get() { awk -v k="$1" '$1 == k { print $2 }' "$2"; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# Flush what earlier runs (a checkpoint benchmark, a build) left dirty, so that the kernel's
+# writeback does not compete for the two cores while this measures.
+sync
+sleep 1
 d_epochs=() t_epochs=()
 # Alternate the two programs so that machine noise hits both alike.
 for r in $(seq "$rounds"); do

@@ -14,6 +14,10 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 if [[ -z "${KEEP_OPENBLAS_ENV:-}" ]]; then unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# Flush what earlier runs (a checkpoint benchmark, a build) left dirty, so that the kernel's
+# writeback does not compete for the two cores while this measures.
+sync
+sleep 1
 
 # Median epoch time from dtrain's "NNN/NNN - ... - XXXms/epoch" lines, skipping the first epoch.
 dtrain_epoch() {

@@ -15,6 +15,7 @@
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
 #include "testutil/checkpoint_state_check.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -24,9 +25,7 @@ namespace fs = std::filesystem;
 class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_manager_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::make_temp_dir("dtrain_manager_test");
     set_warning_handler([this](const std::string& w) { warnings_.push_back(w); });
   }
   void TearDown() override {

@@ -19,6 +19,7 @@
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/adam.h"
 #include "testutil/checkpoint_state_check.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -30,9 +31,7 @@ const std::string kFixtures = std::string(DTRAIN_SOURCE_DIR) + "/../shared/fixtu
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_ckpt_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::make_temp_dir("dtrain_ckpt_test");
     set_warning_handler([this](const std::string& w) { warnings_.push_back(w); });
     nn::clear_session();
   }

@@ -17,6 +17,7 @@
 
 #include "dtrain/core/error.h"
 #include "testutil/expect_throws.h"
+#include "testutil/keras_fixture.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
@@ -29,27 +30,11 @@ using dtrain::testutil::write_bytes;
 
 namespace fs = std::filesystem;
 
-const std::string kFixtureDir = "../shared/fixtures/keras_h5/mnist_mlp_keras212/";
-const std::string kFixture = kFixtureDir + "mnist_model.h5";
+using testutil::kKerasFixture;
+using testutil::kKerasFixtureDir;
+using testutil::read_csv;
 
 // A fresh directory, removed with everything in it at the end of the test.
-
-// A CSV of floats as rows of columns.
-std::vector<std::vector<double>> read_csv(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::vector<std::vector<double>> rows;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::vector<double> row;
-    std::stringstream ss(line);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) row.push_back(std::stod(cell));
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
 
 const H5LayerWeights* find_layer(const KerasH5Contents& c, const std::string& name) {
   for (const auto& l : c.layers) {
@@ -148,7 +133,7 @@ void expect_same_contents(const KerasH5Contents& a, const KerasH5Contents& b) {
 // --- The real Keras 2.12 file -----------------------------------------------------------------
 
 TEST(KerasH5Fixture, WeightsEqualTheCsvsKerasDumped) {
-  const KerasH5Contents c = read_keras_h5(kFixture);
+  const KerasH5Contents c = read_keras_h5(kKerasFixture);
   EXPECT_FALSE(c.weights_only);
   EXPECT_EQ(c.keras_version, "2.12.0");
   EXPECT_EQ(c.backend, "tensorflow");
@@ -166,15 +151,17 @@ TEST(KerasH5Fixture, WeightsEqualTheCsvsKerasDumped) {
   EXPECT_EQ(dense->weights[0].name, "dense/kernel:0");
   EXPECT_EQ(dense->weights[1].name, "dense/bias:0");
   EXPECT_EQ(dense_1->weights[0].name, "dense_1/kernel:0");
-  expect_matches_csv(dense->weights[0].value, kFixtureDir + "layer_1_weights_0.csv", {784, 128});
-  expect_matches_csv(dense->weights[1].value, kFixtureDir + "layer_1_weights_1.csv", {128});
-  expect_matches_csv(dense_1->weights[0].value, kFixtureDir + "layer_2_weights_0.csv", {128, 10});
-  expect_matches_csv(dense_1->weights[1].value, kFixtureDir + "layer_2_weights_1.csv", {10});
+  expect_matches_csv(dense->weights[0].value, kKerasFixtureDir + "layer_1_weights_0.csv",
+                     {784, 128});
+  expect_matches_csv(dense->weights[1].value, kKerasFixtureDir + "layer_1_weights_1.csv", {128});
+  expect_matches_csv(dense_1->weights[0].value, kKerasFixtureDir + "layer_2_weights_0.csv",
+                     {128, 10});
+  expect_matches_csv(dense_1->weights[1].value, kKerasFixtureDir + "layer_2_weights_1.csv", {10});
   EXPECT_TRUE(c.top_level_weights.empty());
 }
 
 TEST(KerasH5Fixture, ConfigsAndOptimizerWeightsInKerasOrder) {
-  const KerasH5Contents c = read_keras_h5(kFixture);
+  const KerasH5Contents c = read_keras_h5(kKerasFixture);
   const auto model = nlohmann::json::parse(c.model_config);
   EXPECT_EQ(model["class_name"], "Sequential");
   ASSERT_EQ(model["config"]["layers"].size(), 4u);
@@ -206,7 +193,7 @@ TEST(KerasH5Fixture, ConfigsAndOptimizerWeightsInKerasOrder) {
 }
 
 TEST(KerasH5Fixture, ListsObjectsWithTheirStringEncodings) {
-  const auto objects = list_h5_objects(kFixture);
+  const auto objects = list_h5_objects(kKerasFixture);
   const H5ObjectInfo* root = find_object(objects, "/");
   ASSERT_NE(root, nullptr);
   EXPECT_TRUE(root->is_group);
@@ -231,7 +218,7 @@ TEST(KerasH5Fixture, ListsObjectsWithTheirStringEncodings) {
 
 TEST(KerasH5Fixture, RewritingItKeepsEverything) {
   TempDir dir;
-  const KerasH5Contents original = read_keras_h5(kFixture);
+  const KerasH5Contents original = read_keras_h5(kKerasFixture);
   write_keras_h5(dir.file("copy.h5"), original);
   expect_same_contents(read_keras_h5(dir.file("copy.h5")), original);
 }
@@ -411,7 +398,7 @@ TEST(KerasH5Read, MissingFileIsNotFoundNamingThePath) {
 
 TEST(KerasH5Read, TruncatedFileIsDataLossNamingTheFile) {
   TempDir dir;
-  const std::string bytes = read_bytes(kFixture);
+  const std::string bytes = read_bytes(kKerasFixture);
   for (size_t keep : {bytes.size() / 2, bytes.size() - 1, size_t{4096}}) {
     write_bytes(dir.file("cut.h5"), bytes.substr(0, keep));
     const std::string msg =
@@ -431,7 +418,7 @@ TEST(KerasH5Read, EmptyGarbageAndSignatureOnlyFilesAreDataLoss) {
   }
   EXPECT_FALSE(is_hdf5_file(dir.file("text.h5")));
   EXPECT_FALSE(is_hdf5_file(dir.file("missing.h5")));
-  EXPECT_TRUE(is_hdf5_file(kFixture));
+  EXPECT_TRUE(is_hdf5_file(kKerasFixture));
 }
 
 TEST(KerasH5Read, CorruptMetadataIsDataLossNamingTheFile) {
@@ -440,7 +427,7 @@ TEST(KerasH5Read, CorruptMetadataIsDataLossNamingTheFile) {
   // checksums in this (Keras's default, earliest) file format version, so damage to raw data
   // would go unnoticed; damage to structure must be a DataLossError naming the file.
   TempDir dir;
-  const std::string bytes = read_bytes(kFixture);
+  const std::string bytes = read_bytes(kKerasFixture);
   for (size_t at : {size_t{96}, size_t{4192}, size_t{7264}, size_t{7776}}) {
     std::string damaged = bytes;
     for (size_t i = at; i < at + 64; ++i) damaged[i] = '\xff';

@@ -12,6 +12,7 @@
 #include "checkpoint/object_graph.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -22,11 +23,7 @@ const std::string kFixtures = std::string(DTRAIN_SOURCE_DIR) + "/../shared/fixtu
 
 class BundleTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_bundle_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = testutil::make_temp_dir("dtrain_bundle_test"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
   static void flip_byte(const std::string& file, size_t offset) {

@@ -21,6 +21,7 @@
 #include "dtrain/checkpoint/checkpoint_manager.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "testutil/run_dtrain.h"
+#include "testutil/temp_dir.h"
 
 namespace {
 
@@ -38,11 +39,7 @@ const std::string kMnistH5 = kFixtures + "keras_h5/mnist_mlp_keras212/mnist_mode
 
 class CkptCliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_ckpt_cli_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = dtrain::testutil::make_temp_dir("dtrain_ckpt_cli_test"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   // Three checkpoints ckpt-1..3 of two variables through a CheckpointManager; w changes

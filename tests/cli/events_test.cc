@@ -17,6 +17,7 @@
 #include "dtrain/summary/record.h"
 #include "dtrain/summary/summary_writer.h"
 #include "testutil/run_dtrain.h"
+#include "testutil/temp_dir.h"
 
 namespace {
 
@@ -38,11 +39,7 @@ const std::string kFixture = "../shared/fixtures/tensorboard/go_tb_my_metric.v2.
 
 class EventsCliTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_events_cli_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = dtrain::testutil::make_temp_dir("dtrain_events_cli_test"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   // A run written by dtrain's SummaryWriter; returns the file.

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "dtrain/core/error.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain {
 namespace {
@@ -21,11 +22,7 @@ namespace fs = std::filesystem;
 
 class FileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_file_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = testutil::make_temp_dir("dtrain_file_test"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
   int entries() const {

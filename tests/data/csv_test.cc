@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "testutil/temp_dir.h"
+
 namespace dtrain::data {
 namespace {
 
@@ -16,11 +18,7 @@ namespace fs = std::filesystem;
 
 class CsvTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_csv_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = testutil::make_temp_dir("dtrain_csv_test"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   // Writes `text` to a file in the temp dir and returns its path.

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "testutil/temp_dir.h"
+
 namespace dtrain::data {
 namespace {
 
@@ -16,11 +18,7 @@ namespace fs = std::filesystem;
 
 class IdxTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_idx_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = testutil::make_temp_dir("dtrain_idx_test"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }

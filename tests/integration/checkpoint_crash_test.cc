@@ -21,6 +21,7 @@
 #include "dtrain/checkpoint/checkpoint_manager.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -100,9 +101,7 @@ struct State {
 class CrashTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_crash_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::make_temp_dir("dtrain_crash_test");
     set_warning_handler([this](const std::string& w) { warnings_.push_back(w); });
   }
   void TearDown() override {

@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "testutil/temp_dir.h"
+
 namespace dtrain::testing {
 
 struct Process {
@@ -93,9 +95,6 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
-inline std::string make_temp_dir() {
-  char tmpl[] = "/tmp/dtrain_dist_XXXXXX";
-  return mkdtemp(tmpl);
-}
+using testutil::make_temp_dir;  // a fresh directory under /tmp; the caller removes it
 
 }  // namespace dtrain::testing

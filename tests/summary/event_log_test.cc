@@ -15,6 +15,7 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::summary {
 namespace {
@@ -23,11 +24,7 @@ namespace fs = std::filesystem;
 
 class EventLogTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_event_log_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = testutil::make_temp_dir("dtrain_event_log_test"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_;
 };

@@ -11,6 +11,7 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/summary/summary_writer.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::summary {
 namespace {
@@ -20,9 +21,7 @@ namespace fs = std::filesystem;
 class EventReaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_event_reader_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::make_temp_dir("dtrain_event_reader_test");
     SummaryWriter w(dir_, {.fsync = false});
     for (int i = 0; i < 10; ++i) w.scalar("loss", 1.0 / (i + 1), i);
     w.close();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtrain/core/error.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::summary {
 namespace {
@@ -20,9 +21,7 @@ namespace fs = std::filesystem;
 class RecordTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_record_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testutil::make_temp_dir("dtrain_record_test");
     path_ = (fs::path(dir_) / "r.tfrecord").string();
   }
   void TearDown() override { fs::remove_all(dir_); }

@@ -18,6 +18,7 @@
 #include "dtrain/core/error.h"
 #include "dtrain/summary/event_reader.h"
 #include "dtrain/summary/record.h"
+#include "testutil/temp_dir.h"
 
 namespace dtrain::summary {
 namespace {
@@ -26,11 +27,7 @@ namespace fs = std::filesystem;
 
 class SummaryWriterTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "dtrain_summary_writer_test_XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = testutil::make_temp_dir("dtrain_summary_writer_test"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string dir_;
 };

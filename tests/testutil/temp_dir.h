@@ -5,21 +5,31 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace dtrain::testutil {
 
+// Creates a fresh directory under the system temp directory, named after `stem`, and returns
+// its path; the caller removes it. Throws (a test error, not a crash) when it cannot.
+inline std::string make_temp_dir(const std::string& stem = "dtrain_test") {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (stem + "_XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
+  }
+  return tmpl;
+}
+
 class TempDir {
  public:
-  // A fresh directory under the system temp directory, named after `stem`.
-  explicit TempDir(const std::string& stem = "dtrain_test") {
-    std::string tmpl = (std::filesystem::temp_directory_path() / (stem + ".XXXXXX")).string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
+  // A fresh directory under the system temp directory, named after `stem`, removed with this.
+  explicit TempDir(const std::string& stem = "dtrain_test") : path_(make_temp_dir(stem)) {}
   ~TempDir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);

@@ -27,6 +27,7 @@
 #include "dtrain/optim/sgd.h"
 #include "dtrain/train/training.h"
 #include "testutil/expect_throws.h"
+#include "testutil/keras_fixture.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::train {
@@ -40,37 +41,9 @@ using dtrain::testutil::write_bytes;
 namespace fs = std::filesystem;
 namespace ck = dtrain::checkpoint;
 
-const std::string kFixtureDir = "../shared/fixtures/keras_h5/mnist_mlp_keras212/";
-const std::string kFixture = kFixtureDir + "mnist_model.h5";
-
-std::vector<std::vector<double>> read_csv(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::vector<double>> rows;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    std::vector<double> row;
-    std::stringstream ss(line);
-    std::string cell;
-    while (std::getline(ss, cell, ',')) row.push_back(std::stod(cell));
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
-double max_abs_diff_to_csv(const Tensor& t, const std::string& csv) {
-  const auto rows = read_csv(csv);
-  const float* p = t.data<float>();
-  size_t k = 0;
-  double diff = 0;
-  for (const auto& row : rows) {
-    for (double v : row) {
-      if (k >= static_cast<size_t>(t.num_elements())) return INFINITY;
-      diff = std::max(diff, std::abs(static_cast<double>(p[k++]) - v));
-    }
-  }
-  return k == static_cast<size_t>(t.num_elements()) ? diff : INFINITY;
-}
+using testutil::kKerasFixture;
+using testutil::kKerasFixtureDir;
+using testutil::max_abs_diff_to_csv;
 
 // 256 examples of 8 features in 3 classes given by a fixed random linear teacher.
 struct Data {
@@ -211,7 +184,7 @@ void expect_same_weights(nn::Model& a, nn::Model& b, bool same_names = true) {
 // --- The real Keras 2.12 model ------------------------------------------------------------------
 
 TEST(LoadModelKeras212, RebuildsTheCompiledSequential) {
-  std::unique_ptr<nn::Model> m = load_model(kFixture);
+  std::unique_ptr<nn::Model> m = load_model(kKerasFixture);
   auto* seq = dynamic_cast<nn::Sequential*>(m.get());
   ASSERT_NE(seq, nullptr);
   EXPECT_EQ(m->name(), "sequential");
@@ -232,17 +205,20 @@ TEST(LoadModelKeras212, RebuildsTheCompiledSequential) {
   // Weights equal the CSVs Keras dumped.
   auto& dense = dynamic_cast<nn::Dense&>(*m->layers()[1]);
   auto& dense_1 = dynamic_cast<nn::Dense&>(*m->layers()[2]);
-  EXPECT_LE(max_abs_diff_to_csv(dense.kernel().tensor(), kFixtureDir + "layer_1_weights_0.csv"),
+  EXPECT_LE(
+      max_abs_diff_to_csv(dense.kernel().tensor(), kKerasFixtureDir + "layer_1_weights_0.csv"),
+      1e-7);
+  EXPECT_LE(max_abs_diff_to_csv(dense.bias()->tensor(), kKerasFixtureDir + "layer_1_weights_1.csv"),
             1e-7);
-  EXPECT_LE(max_abs_diff_to_csv(dense.bias()->tensor(), kFixtureDir + "layer_1_weights_1.csv"),
-            1e-7);
-  EXPECT_LE(max_abs_diff_to_csv(dense_1.kernel().tensor(), kFixtureDir + "layer_2_weights_0.csv"),
-            1e-7);
-  EXPECT_LE(max_abs_diff_to_csv(dense_1.bias()->tensor(), kFixtureDir + "layer_2_weights_1.csv"),
-            1e-7);
+  EXPECT_LE(
+      max_abs_diff_to_csv(dense_1.kernel().tensor(), kKerasFixtureDir + "layer_2_weights_0.csv"),
+      1e-7);
+  EXPECT_LE(
+      max_abs_diff_to_csv(dense_1.bias()->tensor(), kKerasFixtureDir + "layer_2_weights_1.csv"),
+      1e-7);
 
   // The optimizer state is the file's, bitwise (Keras >= 2.11 names, m/v interleaved).
-  const ck::KerasH5Contents c = ck::read_keras_h5(kFixture);
+  const ck::KerasH5Contents c = ck::read_keras_h5(kKerasFixture);
   EXPECT_EQ(m->optimizer()->iterations(), c.optimizer_weights[0].value.data<int64_t>()[0]);
   for (const ck::H5Weight& w : c.optimizer_weights) {
     if (w.name == "iteration:0") continue;
@@ -259,7 +235,7 @@ TEST(LoadModelKeras212, RebuildsTheCompiledSequential) {
 }
 
 TEST(LoadModelKeras212, PredictsProbabilityDistributionsAndKeepsTraining) {
-  std::unique_ptr<nn::Model> m = load_model(kFixture);
+  std::unique_ptr<nn::Model> m = load_model(kKerasFixture);
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
   std::vector<float> xs(16 * 28 * 28);
@@ -663,7 +639,7 @@ TEST(SavingErrors, MissingAndCorruptFiles) {
   msg = expect_throws<NotFoundError>([&] { m->load_weights(dir.file("nope.h5")); });
   EXPECT_NE(msg.find(dir.file("nope.h5")), std::string::npos) << msg;
 
-  const std::string bytes = read_bytes(kFixture);
+  const std::string bytes = read_bytes(kKerasFixture);
   std::ofstream(dir.file("cut.h5"), std::ios::binary) << bytes.substr(0, bytes.size() / 3);
   msg = expect_throws<DataLossError>([&] { load_model(dir.file("cut.h5")); });
   EXPECT_NE(msg.find(dir.file("cut.h5")), std::string::npos) << msg;

@@ -17,51 +17,39 @@ namespace {
 namespace pb = ::dtrain::coordination;
 using std::chrono::milliseconds;
 
-// Runs `fn` and turns dtrain errors into gRPC statuses with the same code and message.
-template <class Fn>
-grpc::Status serve(Fn&& fn) {
-  try {
-    fn();
-    return grpc::Status::OK;
-  } catch (const Error& e) {
-    return grpc::Status(static_cast<grpc::StatusCode>(e.code()), e.what());
-  } catch (const std::exception& e) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
-  }
-}
-
 class Service final : public pb::Coordination::Service {
  public:
   explicit Service(CoordinationState& state) : state_(state) {}
 
   grpc::Status Set(grpc::ServerContext*, const pb::SetRequest* req, pb::SetResponse*) override {
-    return serve([&] { state_.set(req->key(), req->value()); });
+    return serve_call([&] { state_.set(req->key(), req->value()); });
   }
   grpc::Status Get(grpc::ServerContext*, const pb::GetRequest* req,
                    pb::GetResponse* resp) override {
-    return serve([&] { resp->set_value(state_.get(req->key(), milliseconds(req->timeout_ms()))); });
+    return serve_call(
+        [&] { resp->set_value(state_.get(req->key(), milliseconds(req->timeout_ms()))); });
   }
   grpc::Status Add(grpc::ServerContext*, const pb::AddRequest* req,
                    pb::AddResponse* resp) override {
-    return serve([&] { resp->set_value(state_.add(req->key(), req->delta())); });
+    return serve_call([&] { resp->set_value(state_.add(req->key(), req->delta())); });
   }
   grpc::Status Wait(grpc::ServerContext*, const pb::WaitRequest* req, pb::WaitResponse*) override {
-    return serve([&] {
+    return serve_call([&] {
       state_.wait({req->keys().begin(), req->keys().end()}, milliseconds(req->timeout_ms()));
     });
   }
   grpc::Status Barrier(grpc::ServerContext*, const pb::BarrierRequest* req,
                        pb::BarrierResponse*) override {
-    return serve(
+    return serve_call(
         [&] { state_.barrier(req->name(), req->count(), milliseconds(req->timeout_ms())); });
   }
   grpc::Status Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
                          pb::HeartbeatResponse* resp) override {
-    return serve([&] { resp->set_generation(state_.heartbeat(req->task())); });
+    return serve_call([&] { resp->set_generation(state_.heartbeat(req->task())); });
   }
   grpc::Status Health(grpc::ServerContext*, const pb::HealthRequest*,
                       pb::HealthResponse* resp) override {
-    return serve([&] {
+    return serve_call([&] {
       for (const auto& [task, age] : state_.heartbeat_ages()) {
         (*resp->mutable_ms_since_heartbeat())[task] = age.count();
       }
@@ -69,7 +57,7 @@ class Service final : public pb::Coordination::Service {
   }
   grpc::Status Join(grpc::ServerContext*, const pb::JoinRequest* req,
                     pb::JoinResponse* resp) override {
-    return serve([&] {
+    return serve_call([&] {
       to_proto(state_.join(req->member(), {.max_members = req->count(),
                                            .min_members = req->min_count(),
                                            .settle = milliseconds(req->settle_ms()),
@@ -79,12 +67,12 @@ class Service final : public pb::Coordination::Service {
   }
   grpc::Status GetMembership(grpc::ServerContext*, const pb::GetMembershipRequest*,
                              pb::JoinResponse* resp) override {
-    return serve([&] { to_proto(state_.membership(), resp); });
+    return serve_call([&] { to_proto(state_.membership(), resp); });
   }
 
   grpc::Status GetPrefix(grpc::ServerContext*, const pb::GetPrefixRequest* req,
                          pb::GetPrefixResponse* resp) override {
-    return serve([&] {
+    return serve_call([&] {
       for (auto& [k, v] : state_.get_prefix(req->prefix())) (*resp->mutable_values())[k] = v;
     });
   }

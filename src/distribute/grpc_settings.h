@@ -1,12 +1,16 @@
-// The gRPC settings every dtrain service and client uses (private to src/distribute; only .cc
-// files that already speak gRPC include it): keepalive so a lost peer is noticed in seconds,
-// message limits, no proxy, no port sharing, quick reconnects. Stateless; thread-safe.
+// The gRPC settings every dtrain service and client uses, and the handler wrapper of its services
+// (private to src/distribute; only .cc files that already speak gRPC include it): keepalive so a
+// lost peer is noticed in seconds, message limits, no proxy, no port sharing, quick reconnects.
+// Stateless; thread-safe.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <exception>
 #include <memory>
 #include <string>
+
+#include "dtrain/core/error.h"
 
 namespace dtrain::distribute {
 
@@ -19,5 +23,19 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
 // the server settings: no SO_REUSEPORT (two services on one port must be an error, not a silent
 // split of the clients), clients' keepalive pings accepted, message limits.
 void configure_server(grpc::ServerBuilder& builder, const std::string& address, int* bound);
+
+// Runs a service handler's body `fn` and turns a dtrain Error into the gRPC status with the same
+// code and message (any other exception: INTERNAL), so clients raise what the server raised.
+template <class Fn>
+grpc::Status serve_call(Fn&& fn) {
+  try {
+    fn();
+    return grpc::Status::OK;
+  } catch (const Error& e) {
+    return grpc::Status(static_cast<grpc::StatusCode>(e.code()), e.what());
+  } catch (const std::exception& e) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
+  }
+}
 
 }  // namespace dtrain::distribute

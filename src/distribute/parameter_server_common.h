@@ -3,8 +3,6 @@
 // share. Pure functions; thread-safe.
 #pragma once
 
-#include <grpcpp/grpcpp.h>
-
 #include <cstring>
 #include <string>
 
@@ -87,19 +85,6 @@ inline optim::OptimizerConfig from_proto(const pb::OptimizerConfigProto& p) {
     c.learning_rate_schedule = std::move(s);
   }
   return c;
-}
-
-// Runs `fn`, turning dtrain errors into gRPC statuses with the same code and message.
-template <class Fn>
-grpc::Status serve_call(Fn&& fn) {
-  try {
-    fn();
-    return grpc::Status::OK;
-  } catch (const Error& e) {
-    return grpc::Status(static_cast<grpc::StatusCode>(e.code()), e.what());
-  } catch (const std::exception& e) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, e.what());
-  }
 }
 
 inline void check_protocol(int32_t protocol, int32_t ours, const char* who) {

@@ -1,6 +1,6 @@
 // Private to src/distribute: conversions between dtrain values and the messages of
-// proto/parameter_server.proto, and the gRPC settings the parameter-server server and clients
-// share. Pure functions; thread-safe.
+// proto/parameter_server.proto, and the protocol check the parameter-server server and clients
+// share (their gRPC settings are in grpc_settings.h). Pure functions; thread-safe.
 #pragma once
 
 #include <cstring>

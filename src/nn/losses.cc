@@ -9,6 +9,7 @@
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/core/error.h"
 #include "dtrain/ops/tensor_ops.h"
+#include "label_shapes.h"
 
 namespace dtrain::nn {
 namespace {
@@ -23,29 +24,9 @@ void check_prediction(const Tensor& y_pred, const Loss& loss) {
                " is empty");
 }
 
-[[noreturn]] void throw_shape_mismatch(const std::string& loss, const Tensor& y_true,
-                                       const Tensor& y_pred, const char* expected) {
-  throw InvalidArgumentError(str_cat(loss, ": y_true ", y_true.shape().to_string(),
-                                     " does not match y_pred ", y_pred.shape().to_string(), " (",
-                                     expected, ")"));
-}
-
-// The shape without its last dimension.
-Shape drop_last(const Shape& s) {
-  Shape out;
-  for (int i = 0; i + 1 < s.rank(); ++i) out.push_back(s[i]);
-  return out;
-}
-
-// True when a and b differ only by one trailing dimension of size 1 ([B] against [B, 1]), the
-// case Keras's squeeze_or_expand_dimensions reconciles.
-bool differ_by_trailing_one(const Shape& a, const Shape& b) {
-  if (a.rank() + 1 == b.rank()) {
-    return b.dim(-1) == 1 && drop_last(b) == a;
-  }
-  if (b.rank() + 1 == a.rank()) return differ_by_trailing_one(b, a);
-  return false;
-}
+using detail::differ_by_trailing_one;
+using detail::drop_last;
+using detail::throw_shape_mismatch;
 
 // y_true as float32 with y_pred's shape, for elementwise losses. Never recorded: labels are not
 // differentiated.

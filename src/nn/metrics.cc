@@ -6,6 +6,7 @@
 #include "dtrain/core/error.h"
 #include "dtrain/nn/losses.h"
 #include "dtrain/ops/tensor_ops.h"
+#include "label_shapes.h"
 
 namespace dtrain::nn {
 namespace {
@@ -14,18 +15,8 @@ void check_defined(const Tensor& t, const std::string& metric, const char* what)
   DTRAIN_CHECK(t.defined(), metric, ": ", what, " is undefined");
 }
 
-[[noreturn]] void throw_shape_mismatch(const std::string& metric, const Tensor& y_true,
-                                       const Tensor& y_pred, const std::string& expected) {
-  throw InvalidArgumentError(str_cat(metric, ": y_true ", y_true.shape().to_string(),
-                                     " does not match y_pred ", y_pred.shape().to_string(), " (",
-                                     expected, ")"));
-}
-
-Shape drop_last(const Shape& s) {
-  Shape out;
-  for (int i = 0; i + 1 < s.rank(); ++i) out.push_back(s[i]);
-  return out;
-}
+using detail::drop_last;
+using detail::throw_shape_mismatch;
 
 Shape with_last_one(const Shape& s) {
   Shape out = s;
@@ -35,10 +26,7 @@ Shape with_last_one(const Shape& s) {
 
 // Same shape, or [B] against [B, 1] (Keras's squeeze_or_expand_dimensions).
 bool same_up_to_trailing_one(const Shape& a, const Shape& b) {
-  if (a == b) return true;
-  if (a.rank() + 1 == b.rank()) return b.dim(-1) == 1 && drop_last(b) == a;
-  if (b.rank() + 1 == a.rank()) return a.dim(-1) == 1 && drop_last(a) == b;
-  return false;
+  return a == b || detail::differ_by_trailing_one(a, b);
 }
 
 // The elements of any numeric tensor as doubles (labels and predictions are compared exactly,

@@ -199,6 +199,9 @@ class Agent {
   std::optional<Failure> remote_failure(const Generation& g);
   void track_recovery(const Generation& g, const std::map<std::string, std::string>& progress);
   FaultEvent event(const char* kind, int64_t generation) const;
+  // An event about failure `f`: its worker (rank, node, slot, pid), how it ended (exit code,
+  // signal), its detector and last step.
+  FaultEvent event(const char* kind, int64_t generation, const Failure& f) const;
   int finish(const Generation& g, int code);
   std::string key(const Generation& g, const std::string& name) const {
     return str_cat(prefix_, "g", g.number, "/", name);
@@ -226,6 +229,19 @@ FaultEvent Agent::event(const char* kind, int64_t generation) const {
   FaultEvent e;
   e.kind = kind;
   e.generation = generation;
+  return e;
+}
+
+FaultEvent Agent::event(const char* kind, int64_t generation, const Failure& f) const {
+  FaultEvent e = event(kind, generation);
+  e.rank = f.rank;
+  e.node = f.node;
+  e.slot = f.slot;
+  e.pid = f.pid;
+  e.exit_code = f.code;
+  e.signal = f.signal;
+  e.detector = f.detector;
+  e.last_step = f.last_step;
   return e;
 }
 
@@ -649,15 +665,7 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
     if (!f.last_step) f.last_step = job_step_;
     if (!f.remote && !publish(g, f)) {
       // Another node's failure came first: this one is a consequence of it.
-      FaultEvent e = event(kEventPeerFailure, g.number);
-      e.rank = f.rank;
-      e.node = f.node;
-      e.slot = f.slot;
-      e.pid = f.pid;
-      e.exit_code = f.code;
-      e.signal = f.signal;
-      e.detector = f.detector;
-      e.last_step = f.last_step;
+      FaultEvent e = event(kEventPeerFailure, g.number, f);
       e.message = f.what + " after a failure on another node";
       recorder_->record(e);
       std::optional<Failure> first;
@@ -674,15 +682,8 @@ Outcome Agent::supervise(const Generation& g, std::vector<Worker>& workers) {
       FaultEvent e = event(f.admit        ? kEventAdmit
                            : f.preemption ? kEventPreempted
                                           : kEventFailure,
-                           g.number);
-      e.rank = f.rank;
-      e.node = f.node;
-      e.slot = f.slot;
-      e.pid = f.pid;
-      if (!f.admit) e.exit_code = f.code;
-      e.signal = f.signal;
-      e.detector = f.detector;
-      e.last_step = f.last_step;
+                           g.number, f);
+      if (f.admit) e.exit_code = std::nullopt;  // a node asking to join did not exit
       e.detection_latency_seconds = f.detection_latency;
       e.stack = f.stack;
       e.message = f.what;

@@ -179,34 +179,16 @@ TEST_F(ManagerTest, PipelinedAsyncSavesCommitInOrderAndRotateAfterCommitting) {
   constexpr int kSaves = 40;
   {
     CheckpointManager manager(ckpt, dir_, {.max_to_keep = 3});
-    std::atomic<bool> done{false};
-    std::atomic<int> bad{0};
-    std::string bad_state;
     // The state file only ever lists consecutive checkpoints, newest last, moving forward.
-    std::thread reader([&] {
-      int64_t newest = 0;
-      while (!done.load()) {
-        std::string text;
-        try {
-          text = read_file(path("checkpoint"));
-        } catch (const NotFoundError&) {
-          std::this_thread::yield();
-          continue;
-        }
-        const auto st = parse_checkpoint_state(text, "state");
-        const bool ok = testutil::lists_consecutive_moving_forward(st, "ckpt", 3, newest);
-        if (!ok && bad++ == 0) bad_state = text;
-      }
-    });
+    testutil::StateFilePoller poller(dir_, 3);
     for (int i = 1; i <= kSaves; ++i) {
       v.tensor().fill(static_cast<float>(i));
       EXPECT_EQ(manager.save(), path("ckpt-" + std::to_string(i)));
       v.tensor().fill(-1.0f);  // after save() returned: must not reach the file
     }
     manager.sync();
-    done = true;
-    reader.join();
-    EXPECT_EQ(bad.load(), 0) << bad_state;
+    poller.stop();
+    EXPECT_EQ(poller.bad(), 0) << poller.first_bad();
     EXPECT_EQ(manager.checkpoints(), paths({kSaves - 2, kSaves - 1, kSaves}));
     EXPECT_EQ(manager.latest_checkpoint(), path("ckpt-" + std::to_string(kSaves)));
     for (int i = 1; i < kSaves - 2; ++i) {

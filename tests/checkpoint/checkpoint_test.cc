@@ -458,27 +458,10 @@ TEST_F(CheckpointTest, PipelinedAsyncSavesCommitInSaveOrderAndSyncWaitsForAll) {
                    {"blob", Trackable::value([&] { return Tensor::full(big(), float(k)); },
                                              [](const Tensor&) {})}},
                   {.enable_async = true, .max_in_flight = 8});
-  std::atomic<bool> done{false};
-  std::atomic<int> polls{0}, bad{0};
-  std::string bad_state;
-  std::thread reader([&] {
-    int64_t newest = 0;
-    while (!done.load()) {
-      std::string text;
-      try {
-        text = read_file(path("checkpoint"));
-      } catch (const NotFoundError&) {
-        std::this_thread::yield();
-        continue;
-      }
-      ++polls;
-      const auto st = parse_checkpoint_state(text, "state");
-      // Consecutive checkpoints (the newest 10 at most), newest last, moving forward; named
-      // means complete: its index (written last, after the data) is there.
-      const bool ok = testutil::lists_consecutive_moving_forward(st, "ckpt", 10, newest) &&
-                      fs::exists(path(st.model_checkpoint_path + ".index"));
-      if (!ok && bad++ == 0) bad_state = text;
-    }
+  // Consecutive checkpoints (the newest 10 at most), newest last, moving forward; named means
+  // complete: its index (written last, after the data) is there.
+  testutil::StateFilePoller poller(dir_, 10, [&](const CheckpointState& st) {
+    return fs::exists(path(st.model_checkpoint_path + ".index"));
   });
   constexpr int kSaves = 24;
   for (k = 1; k <= kSaves; ++k) {
@@ -487,10 +470,9 @@ TEST_F(CheckpointTest, PipelinedAsyncSavesCommitInSaveOrderAndSyncWaitsForAll) {
     v.tensor().fill(-1.0f);  // after save() returned: must not reach the file
   }
   ckpt.sync();  // waits for all of them
-  done = true;
-  reader.join();
-  EXPECT_EQ(bad.load(), 0) << bad_state;
-  EXPECT_GT(polls.load(), 0);
+  poller.stop();
+  EXPECT_EQ(poller.bad(), 0) << poller.first_bad();
+  EXPECT_GT(poller.polls(), 0);
   const auto st = read_checkpoint_state(dir_);
   ASSERT_TRUE(st.has_value());
   ASSERT_EQ(st->all_model_checkpoint_paths.size(), 10u);

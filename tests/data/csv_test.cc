@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "testutil/expect_throws.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::data {
@@ -33,13 +34,7 @@ class CsvTest : public ::testing::Test {
 
   // The message of the InvalidArgumentError read_csv throws.
   std::string error_of(const std::string& p, const CsvOptions& options = {}) {
-    try {
-      read_csv(p, options);
-    } catch (const InvalidArgumentError& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "expected InvalidArgumentError";
-    return "";
+    return testutil::expect_throws<InvalidArgumentError>([&] { read_csv(p, options); });
   }
 
   std::string dir_;

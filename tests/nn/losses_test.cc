@@ -11,6 +11,7 @@
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/ops/tensor_ops.h"
+#include "testutil/expect_throws.h"
 #include "testutil/gradcheck.h"
 
 namespace dtrain::nn {
@@ -33,20 +34,6 @@ std::pair<Tensor, Tensor> loss_and_grad(const Loss& loss, const Tensor& y_true, 
   tape.watch(y_pred);
   Tensor l = loss(y_true, y_pred);
   return {l, tape.gradient(l, y_pred)};
-}
-
-// Expects `f` to throw InvalidArgumentError whose message contains every one of `parts`.
-template <class F>
-void expect_invalid_argument(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected InvalidArgumentError";
-  } catch (const InvalidArgumentError& e) {
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message \"" << e.what() << "\" lacks \"" << p << "\"";
-    }
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -225,64 +212,70 @@ TEST(LossesTest, OutOfRangeLabelNamesLabelAndExample) {
   const Tensor logits = testutil::random_tensor({3, 4}, 1);
   for (bool from_logits : {true, false}) {
     SparseCategoricalCrossentropy scce({.from_logits = from_logits});
-    expect_invalid_argument(
+    testutil::expect_throws_with<InvalidArgumentError>(
         [&] {
           scce(Tensor::from_vector<int32_t>({0, 7, 1}, {3}), logits);
         },
         {"sparse_categorical_crossentropy", "label 7", "example 1", "[0, 4)"});
-    expect_invalid_argument(
+    testutil::expect_throws_with<InvalidArgumentError>(
         [&] {
           scce(Tensor::from_vector<int64_t>({0, 1, -1}, {3}), logits);
         },
         {"label -1", "example 2"});
     // A non-integral float label is out of range too.
-    expect_invalid_argument([&] { scce(f32({0, 1.5f, 1}, {3}), logits); }, {"example 1"});
+    testutil::expect_throws_with<InvalidArgumentError>(
+        [&] {
+          scce(f32({0, 1.5f, 1}, {3}), logits);
+        },
+        {"example 1"});
   }
 }
 
 TEST(LossesTest, ShapeMismatchNamesBothShapes) {
   const Tensor p = testutil::random_tensor({2, 3}, 2, 0.1f, 0.9f);
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         MeanSquaredError()(f32({1, 2, 3, 4}, {2, 2}), p);
       },
       {"mean_squared_error", "[2, 2]", "[2, 3]"});
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         CategoricalCrossentropy()(f32({1, 0, 0, 1}, {2, 2}), p);
       },
       {"categorical_crossentropy", "[2, 2]", "[2, 3]"});
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         BinaryCrossentropy()(f32({1, 0, 1}, {3}), p);
       },
       {"binary_crossentropy", "[3]", "[2, 3]"});
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         SparseCategoricalCrossentropy()(Tensor::from_vector<int32_t>({0, 1, 2}, {3}), p);
       },
       {"sparse_categorical_crossentropy", "[3]", "[2, 3]"});
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         SparseCategoricalCrossentropy()(Tensor::from_vector<int32_t>({0, 1, 1, 0}, {2, 2}), p);
       },
       {"[2, 2]", "[2, 3]"});
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         SparseCategoricalCrossentropy()(f32({0, 1}, {2}), f32({1, 2}, {2}));
       },
       {"[2]"});
-  expect_invalid_argument([&] { CategoricalCrossentropy({.label_smoothing = 1.5f}); },
-                          {"label_smoothing"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] { CategoricalCrossentropy({.label_smoothing = 1.5f}); }, {"label_smoothing"});
 }
 
 TEST(LossesTest, UnknownNameListsKnownNames) {
-  expect_invalid_argument([] { loss_from_name("hinge"); },
-                          {"\"hinge\"", "\"mse\"", "\"sparse_categorical_crossentropy\"",
-                           "\"categorical_crossentropy\"", "\"binary_crossentropy\""});
-  expect_invalid_argument([] { loss_from_json("{\"class_name\": \"Huber\", \"config\": {}}"); },
-                          {"Huber"});
-  expect_invalid_argument([] { loss_from_json("{not json"); }, {"malformed"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [] { loss_from_name("hinge"); },
+      {"\"hinge\"", "\"mse\"", "\"sparse_categorical_crossentropy\"",
+       "\"categorical_crossentropy\"", "\"binary_crossentropy\""});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [] { loss_from_json("{\"class_name\": \"Huber\", \"config\": {}}"); }, {"Huber"});
+  testutil::expect_throws_with<InvalidArgumentError>([] { loss_from_json("{not json"); },
+                                                     {"malformed"});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -10,25 +10,13 @@
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/nn/losses.h"
+#include "testutil/expect_throws.h"
 
 namespace dtrain::nn {
 namespace {
 
 Tensor f32(std::initializer_list<float> v, const Shape& s) { return Tensor::from_vector(v, s); }
 Tensor i32(std::initializer_list<int32_t> v, const Shape& s) { return Tensor::from_vector(v, s); }
-
-template <class F>
-void expect_invalid_argument(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected InvalidArgumentError";
-  } catch (const InvalidArgumentError& e) {
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message \"" << e.what() << "\" lacks \"" << p << "\"";
-    }
-  }
-}
 
 TEST(MetricsTest, MeanIsWeighted) {
   Mean m("loss");
@@ -154,22 +142,23 @@ TEST(MetricsTest, AccuracyWithoutCrossentropyResolvesByShapeLikeKeras) {
 }
 
 TEST(MetricsTest, Errors) {
-  expect_invalid_argument([] { metric_from_name("f1_score", nullptr); },
-                          {"\"f1_score\"", "\"accuracy\"", "\"sparse_categorical_accuracy\""});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [] { metric_from_name("f1_score", nullptr); },
+      {"\"f1_score\"", "\"accuracy\"", "\"sparse_categorical_accuracy\""});
   SparseCategoricalAccuracy sparse;
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         sparse.update_state(i32({0, 1, 2}, {3}), f32({0, 1, 1, 0}, {2, 2}));
       },
       {"sparse_categorical_accuracy", "[3]", "[2, 2]"});
   CategoricalAccuracy categorical;
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         categorical.update_state(f32({0, 1}, {1, 2}), f32({0, 1, 0}, {1, 3}));
       },
       {"categorical_accuracy", "[1, 2]", "[1, 3]"});
   BinaryAccuracy binary;
-  expect_invalid_argument(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [&] {
         binary.update_state(f32({0, 1, 1}, {3}), f32({0, 1}, {2}));
       },

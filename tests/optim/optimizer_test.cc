@@ -13,23 +13,10 @@
 #include "dtrain/optim/adam.h"
 #include "dtrain/optim/rmsprop.h"
 #include "dtrain/optim/sgd.h"
+#include "testutil/expect_throws.h"
 
 namespace dtrain::optim {
 namespace {
-
-// Expects `fn` to throw InvalidArgumentError whose message contains every piece of `parts`.
-template <class Fn>
-void expect_invalid(Fn&& fn, std::initializer_list<const char*> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected InvalidArgumentError";
-  } catch (const InvalidArgumentError& e) {
-    for (const char* p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "'" << p << "' not in: " << e.what();
-    }
-  }
-}
 
 struct TwoVars {
   Variable kernel{"dense/kernel", Tensor::full(Shape{3, 2}, 0.5)};
@@ -150,22 +137,27 @@ TEST(Optimizer, ApplyGradientsErrors) {
   TwoVars t;
   Adam adam;
   std::vector<Tensor> one{t.grads[0]};
-  expect_invalid([&] { adam.apply_gradients(one, t.vars); },
-                 {"Adam.apply_gradients", "1 gradients for 2 variables"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] { adam.apply_gradients(one, t.vars); },
+      {"Adam.apply_gradients", "1 gradients for 2 variables"});
   std::vector<Tensor> wrong{Tensor::zeros(Shape{2, 3}), t.grads[1]};
-  expect_invalid([&] { adam.apply_gradients(wrong, t.vars); },
-                 {"dense/kernel", "[2, 3]", "[3, 2]"});
+  testutil::expect_throws_with<InvalidArgumentError>([&] { adam.apply_gradients(wrong, t.vars); },
+                                                     {"dense/kernel", "[2, 3]", "[3, 2]"});
   std::vector<Tensor> wrong_dtype{t.grads[0], Tensor::zeros(Shape{2}, DType::kFloat64)};
-  expect_invalid([&] { adam.apply_gradients(wrong_dtype, t.vars); }, {"dense/bias", "float64"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] { adam.apply_gradients(wrong_dtype, t.vars); }, {"dense/bias", "float64"});
   std::vector<Tensor> none{Tensor(), Tensor()};
-  expect_invalid([&] { adam.apply_gradients(none, t.vars); },
-                 {"no gradients provided for any variable", "dense/kernel", "dense/bias"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] { adam.apply_gradients(none, t.vars); },
+      {"no gradients provided for any variable", "dense/kernel", "dense/bias"});
   std::vector<Variable*> null_var{&t.kernel, nullptr};
-  expect_invalid([&] { adam.apply_gradients(t.grads, null_var); }, {"variable 1 is null"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] { adam.apply_gradients(t.grads, null_var); }, {"variable 1 is null"});
   Variable ints("step", Tensor::zeros(Shape{2}, DType::kInt32));
   std::vector<Variable*> int_vars{&t.kernel, &ints};
   std::vector<Tensor> int_grads{t.grads[0], Tensor::zeros(Shape{2}, DType::kInt32)};
-  expect_invalid([&] { adam.apply_gradients(int_grads, int_vars); }, {"'step'", "int32"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] { adam.apply_gradients(int_grads, int_vars); }, {"'step'", "int32"});
   // Nothing was changed by the failed calls.
   EXPECT_EQ(adam.iterations(), 0);
   EXPECT_EQ(t.kernel.tensor().data<float>()[0], 0.5f);
@@ -173,11 +165,16 @@ TEST(Optimizer, ApplyGradientsErrors) {
 }
 
 TEST(Optimizer, OptionValidation) {
-  expect_invalid([] { SGD(SGDOptions{.momentum = 1.5}); }, {"SGD", "momentum", "1.5"});
-  expect_invalid([] { Adam(AdamOptions{.beta_1 = 1.0}); }, {"Adam", "beta_1"});
-  expect_invalid([] { AdamW(AdamWOptions{.beta_2 = -0.1}); }, {"AdamW", "beta_2"});
-  expect_invalid([] { RMSprop(RMSpropOptions{.rho = 2}); }, {"RMSprop", "rho"});
-  expect_invalid([] { Adam(AdamOptions{.weight_decay = -1}); }, {"weight_decay"});
+  testutil::expect_throws_with<InvalidArgumentError>([] { SGD(SGDOptions{.momentum = 1.5}); },
+                                                     {"SGD", "momentum", "1.5"});
+  testutil::expect_throws_with<InvalidArgumentError>([] { Adam(AdamOptions{.beta_1 = 1.0}); },
+                                                     {"Adam", "beta_1"});
+  testutil::expect_throws_with<InvalidArgumentError>([] { AdamW(AdamWOptions{.beta_2 = -0.1}); },
+                                                     {"AdamW", "beta_2"});
+  testutil::expect_throws_with<InvalidArgumentError>([] { RMSprop(RMSpropOptions{.rho = 2}); },
+                                                     {"RMSprop", "rho"});
+  testutil::expect_throws_with<InvalidArgumentError>([] { Adam(AdamOptions{.weight_decay = -1}); },
+                                                     {"weight_decay"});
 }
 
 void expect_round_trip(const Optimizer& opt) {
@@ -227,12 +224,12 @@ TEST(Optimizer, ConfigKeysFollowKeras) {
 }
 
 TEST(Optimizer, FromConfigErrorsAndDefaults) {
-  expect_invalid(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [] {
         optimizer_from_config({"Adagrad", "", {}, nullptr});
       },
       {"Adagrad", "SGD, Adam, AdamW, RMSprop"});
-  expect_invalid(
+  testutil::expect_throws_with<InvalidArgumentError>(
       [] {
         optimizer_from_config({"SGD", "", {{"beta_1", 0.9}}, nullptr});
       },
@@ -248,9 +245,10 @@ TEST(Optimizer, FromName) {
   EXPECT_EQ(optimizer_from_name("Adam")->name(), "Adam");
   EXPECT_EQ(optimizer_from_name("ADAMW")->name(), "AdamW");
   EXPECT_EQ(optimizer_from_name("RMSprop")->get_config().class_name, "RMSprop");
-  expect_invalid([] { optimizer_from_name("adagrad"); },
-                 {"'adagrad'", "sgd", "adam", "adamw", "rmsprop"});
-  expect_invalid([] { optimizer_from_name(""); }, {"unknown optimizer"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [] { optimizer_from_name("adagrad"); }, {"'adagrad'", "sgd", "adam", "adamw", "rmsprop"});
+  testutil::expect_throws_with<InvalidArgumentError>([] { optimizer_from_name(""); },
+                                                     {"unknown optimizer"});
 }
 
 TEST(Optimizer, WeightDecayIsDecoupledForEveryOptimizer) {

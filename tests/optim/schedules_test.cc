@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "dtrain/core/error.h"
+#include "testutil/expect_throws.h"
 
 namespace dtrain::optim {
 namespace {
@@ -42,13 +43,11 @@ TEST(PiecewiseConstantDecay, BoundariesBelongToTheLowerInterval) {
 }
 
 TEST(PiecewiseConstantDecay, SizeAndOrderErrors) {
-  try {
-    PiecewiseConstantDecay({100, 200}, {1.0, 0.5});
-    ADD_FAILURE() << "expected InvalidArgumentError";
-  } catch (const InvalidArgumentError& e) {
-    EXPECT_NE(std::string(e.what()).find("2 boundaries and 2 values"), std::string::npos)
-        << e.what();
-  }
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [] {
+        PiecewiseConstantDecay({100, 200}, {1.0, 0.5});
+      },
+      {"2 boundaries and 2 values"});
   EXPECT_THROW(PiecewiseConstantDecay({200, 100}, {1, 2, 3}), InvalidArgumentError);
 }
 

@@ -29,19 +29,24 @@ bool same_up_to_trailing_one(const Shape& a, const Shape& b) {
   return a == b || detail::differ_by_trailing_one(a, b);
 }
 
-// The elements of any numeric tensor as doubles (labels and predictions are compared exactly,
-// as Keras compares after casting to floatx).
-std::vector<double> as_doubles(const Tensor& t, const std::string& metric) {
+// Labels and predictions are read with ops::value_at (compared exactly, as Keras compares after
+// casting to floatx), element by element: updates in the training loop allocate nothing.
+void check_numeric(const Tensor& t, const std::string& metric) {
   DTRAIN_CHECK(t.dtype() != DType::kString && t.dtype() != DType::kInvalid, metric,
                ": expected a numeric tensor, got ", dtype_name(t.dtype()));
-  return ops::cast(t, DType::kFloat64).to_vector<double>();
 }
 
 // Index of the largest element of row r of x [rows, cols]; the first index wins ties (tf.argmax).
-int64_t row_argmax(const double* x, int64_t cols) {
+int64_t row_argmax(const Tensor& x, int64_t r, int64_t cols) {
+  const int64_t base = r * cols;
   int64_t best = 0;
+  double best_value = ops::value_at(x, base);
   for (int64_t c = 1; c < cols; ++c) {
-    if (x[c] > x[best]) best = c;
+    const double v = ops::value_at(x, base + c);
+    if (v > best_value) {
+      best = c;
+      best_value = v;
+    }
   }
   return best;
 }
@@ -53,8 +58,9 @@ int64_t row_argmax(const double* x, int64_t cols) {
 
 void Mean::update_state(const Tensor& values) {
   check_defined(values, name(), "values");
+  check_numeric(values, name());
   double total = 0;
-  for (double v : as_doubles(values, name())) total += v;
+  for (int64_t i = 0, n = values.num_elements(); i < n; ++i) total += ops::value_at(values, i);
   add(total, static_cast<double>(values.num_elements()));
 }
 
@@ -89,9 +95,9 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
       matches += ops::label_at(y_true, r) == best ? 1 : 0;
     }
   } else {
-    const std::vector<double> p = as_doubles(y_pred, name());
+    check_numeric(y_pred, name());
     for (int64_t r = 0; r < rows; ++r) {
-      matches += ops::label_at(y_true, r) == row_argmax(p.data() + r * classes, classes) ? 1 : 0;
+      matches += ops::label_at(y_true, r) == row_argmax(y_pred, r, classes) ? 1 : 0;
     }
   }
   add(matches, static_cast<double>(rows));
@@ -106,14 +112,11 @@ void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pre
   DTRAIN_CHECK(y_pred.rank() >= 1 && y_pred.dim(-1) > 0, name(),
                ": y_pred must be [batch, classes], got ", y_pred.shape().to_string());
   const int64_t classes = y_pred.dim(-1), rows = y_pred.num_elements() / classes;
-  const std::vector<double> t = as_doubles(y_true, name());
-  const std::vector<double> p = as_doubles(y_pred, name());
+  check_numeric(y_true, name());
+  check_numeric(y_pred, name());
   double matches = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    matches +=
-        row_argmax(t.data() + r * classes, classes) == row_argmax(p.data() + r * classes, classes)
-            ? 1
-            : 0;
+    matches += row_argmax(y_true, r, classes) == row_argmax(y_pred, r, classes) ? 1 : 0;
   }
   add(matches, static_cast<double>(rows));
 }
@@ -124,8 +127,8 @@ void BinaryAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
   if (!same_up_to_trailing_one(y_true.shape(), y_pred.shape())) {
     throw_shape_mismatch(name(), y_true, y_pred, "expected the same shape");
   }
-  const std::vector<double> t = as_doubles(y_true, name());
-  const std::vector<double> p = as_doubles(y_pred, name());
+  check_numeric(y_true, name());
+  check_numeric(y_pred, name());
   // A rank-1 y_pred is B examples of one value; otherwise each row of the last axis is one.
   const int64_t n = y_pred.num_elements();
   const int64_t per_row = y_pred.rank() >= 2 ? y_pred.dim(-1) : 1;
@@ -136,8 +139,8 @@ void BinaryAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
     int64_t hits = 0;
     for (int64_t k = 0; k < per_row; ++k) {
       const int64_t i = r * per_row + k;
-      const double predicted = p[i] > options_.threshold ? 1.0 : 0.0;
-      hits += predicted == t[i] ? 1 : 0;
+      const double predicted = ops::value_at(y_pred, i) > options_.threshold ? 1.0 : 0.0;
+      hits += predicted == ops::value_at(y_true, i) ? 1 : 0;
     }
     total += per_row == 1 ? static_cast<double>(hits)
                           : static_cast<double>(hits) / static_cast<double>(per_row);
@@ -151,11 +154,13 @@ void Accuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
   if (!same_up_to_trailing_one(y_true.shape(), y_pred.shape())) {
     throw_shape_mismatch(name(), y_true, y_pred, "expected the same shape");
   }
-  const std::vector<double> t = as_doubles(y_true, name());
-  const std::vector<double> p = as_doubles(y_pred, name());
+  check_numeric(y_true, name());
+  check_numeric(y_pred, name());
+  const int64_t n = y_pred.num_elements();
   double matches = 0;
-  for (size_t i = 0; i < p.size(); ++i) matches += t[i] == p[i] ? 1 : 0;
-  add(matches, static_cast<double>(p.size()));
+  for (int64_t i = 0; i < n; ++i)
+    matches += ops::value_at(y_true, i) == ops::value_at(y_pred, i) ? 1 : 0;
+  add(matches, static_cast<double>(n));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -550,6 +550,15 @@ Tensor cast(const Tensor& x, DType dtype) {
   return out;
 }
 
+double value_at(const Tensor& x, int64_t i) {
+  double v = 0;
+  dispatch(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    v = static_cast<double>(static_cast<const T*>(x.raw_data())[i]);
+  });
+  return v;
+}
+
 int64_t label_at(const Tensor& labels, int64_t i) {
   switch (labels.dtype()) {
     case DType::kUInt8:

@@ -10,6 +10,8 @@
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/nn/losses.h"
+#include "dtrain/ops/tensor_ops.h"
+#include "testutil/count_new.h"
 #include "testutil/expect_throws.h"
 
 namespace dtrain::nn {
@@ -175,6 +177,36 @@ TEST(MetricsTest, NeverRecordOnTape) {
   EXPECT_DOUBLE_EQ(acc.result(), 1.0);
   // The tape still differentiates what it recorded.
   EXPECT_TRUE(tape.gradient(reduce_sum(softmax(pred)), pred).defined());
+}
+
+// Updates in the training loop allocate nothing, for every metric and label dtype.
+TEST(MetricsTest, UpdatesDoNotAllocate) {
+  const Tensor probs = f32({0.1f, 0.7f, 0.2f, 0.6f, 0.3f, 0.1f}, Shape{2, 3});
+  const Tensor one_hot = f32({0, 1, 0, 1, 0, 0}, Shape{2, 3});
+  const Tensor sparse = i32({1, 0}, Shape{2});
+  const Tensor binary_pred = f32({0.8f, 0.2f}, Shape{2, 1});
+  const Tensor binary_true = i32({1, 0}, Shape{2});
+  CategoricalAccuracy categorical;
+  SparseCategoricalAccuracy sparse_accuracy;
+  BinaryAccuracy binary;
+  Accuracy exact;
+  Mean mean("loss");
+  const Tensor probs64 = ops::cast(probs, DType::kFloat64);  // a non-float32 prediction
+  auto update_all = [&] {
+    categorical.update_state(one_hot, probs);
+    sparse_accuracy.update_state(sparse, probs64);
+    binary.update_state(binary_true, binary_pred);
+    exact.update_state(sparse, sparse);
+    mean.update_state(binary_pred);
+  };
+  update_all();  // first use
+  const long before = testutil::new_calls();
+  for (int i = 0; i < 10; ++i) update_all();
+  EXPECT_EQ(testutil::new_calls() - before, 0);
+  EXPECT_DOUBLE_EQ(categorical.result(), 1.0);
+  EXPECT_DOUBLE_EQ(sparse_accuracy.result(), 1.0);
+  EXPECT_DOUBLE_EQ(binary.result(), 1.0);
+  EXPECT_DOUBLE_EQ(exact.result(), 1.0);
 }
 
 }  // namespace

@@ -64,6 +64,9 @@ Tensor cast(const Tensor& x, DType dtype);
 
 // Label i of a label tensor of any integer or float dtype, as an integer.
 int64_t label_at(const Tensor& labels, int64_t i);
+// Element i (row-major) of a numeric tensor of any dtype cast() handles, as a double; no
+// allocation. Throws InvalidArgumentError for other dtypes.
+double value_at(const Tensor& x, int64_t i);
 
 // Per-example −log softmax(logits)[label]: logits [B, C], labels [B] (any numeric dtype) →
 // loss [B]. Writes softmax(logits) to *probs when given. Throws InvalidArgumentError naming

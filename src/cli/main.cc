@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "dtrain/core/error.h"
 #include "dtrain/fault/progress_reporter.h"
+#include "dtrain/train/preemption.h"
 
 namespace {
 
@@ -67,6 +68,11 @@ int main(int argc, char** argv) {
     // watchdog and heartbeat checks); a no-op otherwise, and for the launcher itself.
     if (run && !launching(app)) dtrain::fault::install_progress_reporter();
     return run ? run() : 0;
+  } catch (const dtrain::train::PreemptedError& e) {
+    // Not a failure: the state is saved; the exit code tells the job manager to retry.
+    std::fflush(stdout);
+    std::cerr << e.what() << "\n";
+    return e.exit_code();
   } catch (const dtrain::Error& e) {
     std::fflush(stdout);
     std::cerr << "dtrain: error: " << dtrain::error_code_name(e.code()) << ": " << e.what() << "\n";

@@ -2,7 +2,10 @@
 // strategy shares: fixed-order local sums split over the replica threads, then across workers.
 #include "dtrain/distribute/strategy.h"
 
+#include <algorithm>
+
 #include "dtrain/core/error.h"
+#include "dtrain/optim/optimizer.h"
 #include "replica_context.h"
 
 namespace dtrain::distribute {
@@ -23,18 +26,25 @@ void scale_tensor(Tensor& t, double factor) {
   }
 }
 
-// out[b, e) = in[0][b, e) + in[1][b, e) + ... in replica order.
+// out[b, e) = in[0][b, e) + in[1][b, e) + ... in replica order, skipping replicas without a
+// gradient (an empty list or an undefined tensor); zeros when none has one. The first gradient is
+// copied, not added to zero, so that the sum is bitwise the serial sum (also for -0.0).
 template <class T>
 void ordered_sum(std::span<const std::vector<Tensor>> in, size_t v, Tensor& out, int64_t b,
                  int64_t e) {
   T* o = static_cast<T*>(out.raw_data());
-  const T* first = static_cast<const T*>(in[0][v].raw_data());
-  for (size_t r = 1; r < in.size(); ++r) {
+  bool first = true;
+  for (size_t r = 0; r < in.size(); ++r) {
+    if (in[r].empty() || !in[r][v].defined()) continue;
     const T* p = static_cast<const T*>(in[r][v].raw_data());
-    for (int64_t i = b; i < e; ++i) {
-      o[i] = (r == 1 ? first[i] : o[i]) + p[i];
+    if (first) {
+      if (p != o) std::copy(p + b, p + e, o + b);
+      first = false;
+    } else {
+      for (int64_t i = b; i < e; ++i) o[i] += p[i];
     }
   }
+  if (first) std::fill(o + b, o + e, T(0));
 }
 
 }  // namespace
@@ -83,49 +93,73 @@ Tensor Strategy::reduce(ReduceOp op, const PerReplica& values) {
 }
 
 void Strategy::reduce_gradients(std::span<const std::vector<Tensor>> per_replica,
-                                std::span<Tensor> out, ReduceOp op) {
+                                std::span<Tensor> out, ReduceOp op,
+                                const ReduceGradientsOptions& options) {
   const int n = num_local_replicas();
   DTRAIN_CHECK(static_cast<int>(per_replica.size()) == n, name(),
                "::reduce_gradients: got gradient lists of ", per_replica.size(),
                " replicas, expected ", n);
+  for (size_t v = 0; v < out.size(); ++v) {
+    DTRAIN_CHECK(out[v].defined() && is_float(out[v].dtype()), name(),
+                 "::reduce_gradients: output ", v, " must be a defined float tensor");
+  }
   for (int r = 0; r < n; ++r) {
+    if (per_replica[r].empty()) continue;  // a replica without rows
     DTRAIN_CHECK(per_replica[r].size() == out.size(), name(), "::reduce_gradients: replica ", r,
                  " has ", per_replica[r].size(), " gradients, expected ", out.size());
     for (size_t v = 0; v < out.size(); ++v) {
       const Tensor& g = per_replica[r][v];
-      DTRAIN_CHECK(g.defined() && g.shape() == out[v].shape() && g.dtype() == out[v].dtype() &&
-                       is_float(g.dtype()),
+      DTRAIN_CHECK(!g.defined() || (g.shape() == out[v].shape() && g.dtype() == out[v].dtype()),
                    name(), "::reduce_gradients: replica ", r, " gradient ", v, " is ",
                    g.to_string(0), ", expected ", out[v].to_string(0));
     }
   }
-  if (n == 1) {
-    for (size_t v = 0; v < out.size(); ++v) {
-      if (out[v].raw_data() != per_replica[0][v].raw_data()) out[v].copy_from(per_replica[0][v]);
-    }
-  } else {
-    struct Job {
-      std::span<const std::vector<Tensor>> in;
-      std::span<Tensor> out;
-      int n;
-    } job{per_replica, out, n};
-    const Job* jp = &job;  // one pointer: the std::function stays in its small buffer
-    run([jp](int r) {
-      for (size_t v = 0; v < jp->out.size(); ++v) {
-        const int64_t count = jp->out[v].num_elements();
-        const int64_t b = count * r / jp->n, e = count * (r + 1) / jp->n;
-        if (b == e) continue;
+  const bool fused = options.then != nullptr && num_workers() == 1;
+  struct Job {
+    std::span<const std::vector<Tensor>> in;
+    std::span<Tensor> out;
+    int n;
+    const std::function<void(int, int)>* then;
+  } job{per_replica, out, n, fused ? options.then : nullptr};
+  const Job* jp = &job;  // one pointer: the std::function stays in its small buffer
+  auto local_sum = [jp](int r) {
+    for (size_t v = 0; v < jp->out.size(); ++v) {
+      const auto [b, e] = optim::Optimizer::element_range(jp->out[v].num_elements(), r, jp->n);
+      if (b < e) {
         if (jp->out[v].dtype() == DType::kFloat32) {
           ordered_sum<float>(jp->in, v, jp->out[v], b, e);
         } else {
           ordered_sum<double>(jp->in, v, jp->out[v], b, e);
         }
       }
-    });
+    }
+    if (jp->then != nullptr) (*jp->then)(r, jp->n);
+  };
+  if (n == 1 && !fused) {
+    local_sum(0);  // on the calling thread: no hand-off for a copy (or nothing, when aliased)
+  } else {
+    run(local_sum);
   }
-  all_reduce_across_workers(out, ReduceOp::kSum);
+  if (num_workers() > 1) {
+    if (options.extra.empty()) {
+      all_reduce_across_workers(out, ReduceOp::kSum);
+    } else {
+      reduce_list_.assign(out.begin(), out.end());
+      reduce_list_.insert(reduce_list_.end(), options.extra.begin(), options.extra.end());
+      all_reduce_across_workers(reduce_list_, ReduceOp::kSum);
+      reduce_list_.clear();  // keeps no references: callers test use_count()
+    }
+  }
   if (op == ReduceOp::kMean) {
     for (Tensor& t : out) scale_tensor(t, 1.0 / num_replicas_in_sync());
+  }
+  if (options.then != nullptr && !fused) {
+    if (n == 1) {
+      (*options.then)(0, 1);
+    } else {
+      const auto* then = options.then;
+      run([then, n](int r) { (*then)(r, n); });
+    }
   }
 }
 

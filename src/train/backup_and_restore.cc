@@ -11,7 +11,10 @@
 #include "dtrain/distribute/launcher_env.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/tensor_ops.h"
+#include "dtrain/train/preemption.h"
 #include "dtrain/train/training.h"
+#include "fit_loop.h"
+#include "training_state.h"
 
 namespace dtrain::train {
 
@@ -45,7 +48,7 @@ BackupAndRestore::~BackupAndRestore() = default;
 
 void BackupAndRestore::attach() {
   nn::Model& m = *model();
-  TrainingState* ts = m.training_state();
+  TrainingState* ts = find_state(m);
   DTRAIN_CHECK(ts != nullptr && ts->optimizer != nullptr, "BackupAndRestore: model '", m.name(),
                "' must be compiled before fit()");
   state_ = std::make_unique<State>();
@@ -115,6 +118,8 @@ void report_resume_to_launcher(const std::string& path, int64_t global_step) {
 
 void BackupAndRestore::on_train_begin(const Logs&) {
   attach();
+  // A SIGTERM now means: back up at the next step boundary (on_preemption), then stop.
+  install_preemption_handler();
   steps_since_backup_ = 0;
   restored_from_.reset();
   if (options_.restore) {
@@ -126,14 +131,17 @@ void BackupAndRestore::on_train_begin(const Logs&) {
   }
   if (!restored_from_) return;
   State& st = *state_;
-  TrainingState& ts = *model()->training_state();
+  TrainingState& ts = state_of(*model(), "BackupAndRestore");
+  DTRAIN_CHECK(ts.loop != nullptr, "BackupAndRestore: on_train_begin outside fit()");
   for (size_t i = 0; i < st.dropouts.size(); ++i) st.dropouts[i]->set_rng_state(st.dropout_rngs[i]);
   const double* ms = st.metric_state.data<double>();
   for (size_t i = 0; i < st.metrics.size(); ++i) st.metrics[i]->set_state(ms[2 * i], ms[2 * i + 1]);
-  ts.resume.epoch = st.epoch;
-  ts.resume.step = st.step;
-  ts.resume.data_position = st.position;
-  if (st.has_seed) ts.resume.data_seed = static_cast<uint64_t>(st.data_seed);
+  FitPosition at{.epoch = st.epoch,
+                 .step_in_epoch = st.step,
+                 .data_position = st.position,
+                 .data_seed = std::nullopt};
+  if (st.has_seed) at.data_seed = static_cast<uint64_t>(st.data_seed);
+  ts.loop->resume_at(at, *restored_from_);
   std::cerr << "BackupAndRestore: resumed from " << *restored_from_ << " at epoch " << st.epoch + 1
             << ", step " << st.step << "\n";
   report_resume_to_launcher(*restored_from_, ts.optimizer->iterations());
@@ -143,7 +151,8 @@ void BackupAndRestore::backup() {
   DTRAIN_CHECK(state_ != nullptr, "BackupAndRestore::backup: fit() has not started");
   State& st = *state_;
   if (!st.writer) return;
-  const TrainingState& ts = *model()->training_state();
+  TrainingState& ts = state_of(*model(), "BackupAndRestore::backup");
+  DTRAIN_CHECK(ts.loop != nullptr, "BackupAndRestore::backup: fit() is not running");
   // Never write a poisoned state: a backup must be something worth rolling back to.
   for (Variable* v : model()->weights()) {
     if (!ops::all_finite(v->tensor())) {
@@ -159,11 +168,12 @@ void BackupAndRestore::backup() {
       return;
     }
   }
-  st.epoch = ts.epoch;
-  st.step = ts.step_in_epoch;
-  st.position = ts.data_position;
-  st.has_seed = ts.data_seed.has_value();
-  st.data_seed = ts.data_seed ? static_cast<int64_t>(*ts.data_seed) : -1;
+  const FitPosition& at = ts.loop->position();
+  st.epoch = at.epoch;
+  st.step = at.step_in_epoch;
+  st.position = at.data_position;
+  st.has_seed = at.data_seed.has_value();
+  st.data_seed = at.data_seed ? static_cast<int64_t>(*at.data_seed) : -1;
   for (size_t i = 0; i < st.dropouts.size(); ++i) st.dropout_rngs[i] = st.dropouts[i]->rng_state();
   double* ms = st.metric_state.data<double>();
   for (size_t i = 0; i < st.metrics.size(); ++i) {
@@ -173,8 +183,8 @@ void BackupAndRestore::backup() {
   }
   const auto start = std::chrono::steady_clock::now();
   st.manager->save();
-  model()->training_state()->last_checkpoint_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ts.loop->set_checkpoint_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   steps_since_backup_ = 0;
 }
 

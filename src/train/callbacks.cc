@@ -5,13 +5,12 @@
 #include <iostream>
 
 #include "dtrain/train/training.h"
+#include "training_state.h"
 
 namespace dtrain::train {
 
 void request_stop_training(nn::Model& model) {
-  DTRAIN_CHECK(model.training_state() != nullptr, "request_stop_training: model '", model.name(),
-               "' is not compiled");
-  model.training_state()->stop_training = true;
+  state_of(model, "request_stop_training").stop_training = true;
 }
 
 void History::on_epoch_end(int64_t epoch, const Logs& logs) {

@@ -13,6 +13,7 @@
 #include "dtrain/checkpoint/keras_h5.h"
 #include "dtrain/core/error.h"
 #include "dtrain/train/training.h"
+#include "training_state.h"
 
 namespace dtrain::train {
 namespace {
@@ -598,7 +599,7 @@ void build_all_layers(nn::Model& model) {
 }  // namespace
 
 std::string training_config_json(nn::Model& model) {
-  TrainingState* s = model.training_state();
+  TrainingState* s = find_state(model);
   if (s == nullptr || !s->optimizer || !s->loss) {
     throw FailedPreconditionError(
         str_cat("training_config_json: model '", model.name(), "' is not compiled"));

@@ -5,6 +5,8 @@
 
 #include "dtrain/summary/summary_writer.h"
 #include "dtrain/train/training.h"
+#include "fit_loop.h"
+#include "training_state.h"
 
 namespace dtrain::train {
 
@@ -17,7 +19,7 @@ TensorBoard::TensorBoard(std::string log_dir, TensorBoardOptions options)
 TensorBoard::~TensorBoard() = default;
 
 void TensorBoard::on_train_begin(const Logs&) {
-  const TrainingState* s = model()->training_state();
+  const TrainingState* s = find_state(*model());
   if (s != nullptr && s->strategy != nullptr && !s->strategy->is_chief()) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!train_) {
@@ -53,12 +55,12 @@ void TensorBoard::on_epoch_end(int64_t epoch, const Logs& logs) {
       train_->scalar("epoch_" + k, v, epoch);
     }
   }
-  const TrainingState* s = model()->training_state();
+  const TrainingState* s = find_state(*model());
   if (s != nullptr && s->optimizer != nullptr) {
     train_->scalar("epoch_learning_rate", s->optimizer->learning_rate(), epoch);
   }
-  if (s != nullptr && s->last_checkpoint_seconds > 0) {
-    train_->scalar("epoch_checkpoint_save_seconds", s->last_checkpoint_seconds, epoch);
+  if (s != nullptr && s->loop != nullptr && s->loop->checkpoint_seconds() > 0) {
+    train_->scalar("epoch_checkpoint_save_seconds", s->loop->checkpoint_seconds(), epoch);
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_).count();
@@ -67,6 +69,15 @@ void TensorBoard::on_epoch_end(int64_t epoch, const Logs& logs) {
   }
   train_->flush();
   validation_->flush();
+}
+
+void TensorBoard::on_train_resumed(int64_t epoch, int64_t step_in_epoch, const std::string& from) {
+  // Say in TensorBoard where this run picked up (the launcher reports the failure itself).
+  const int64_t global = model()->optimizer() != nullptr ? model()->optimizer()->iterations() : 0;
+  text("dtrain/recovery",
+       str_cat("resumed from ", from.empty() ? std::string("a backup") : from, " at epoch ",
+               epoch + 1, ", step ", step_in_epoch, " (global step ", global, ")"),
+       global);
 }
 
 void TensorBoard::on_train_end(const Logs&) {

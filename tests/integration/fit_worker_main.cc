@@ -7,6 +7,7 @@
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,18 @@
 using namespace dtrain;
 
 namespace {
+
+// Identity layer that counts the rows it sees in training (every replica's forward pass).
+class RowCounter : public nn::Layer {
+ public:
+  RowCounter() : nn::Layer("row_counter") {}
+  std::string class_name() const override { return "RowCounter"; }
+  Tensor call(const Tensor& x, bool training) override {
+    if (training) rows += x.dim(0);
+    return x;
+  }
+  std::atomic<int64_t> rows{0};
+};
 
 constexpr int64_t kExamples = 384, kFeatures = 8;
 
@@ -66,21 +79,16 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   set_random_seed(strategy ? 11 + strategy->worker_rank() : 11);
   Tensor x, y;
   make_data(x, y);
-  nn::Sequential model(
-      {nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}), nn::Dense(3)});
+  // Rows this process's replicas computed on, counted where they are computed (replica threads
+  // call the layer concurrently): proves the global batches are split.
+  auto counter = std::make_shared<RowCounter>();
+  nn::Sequential model({nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}),
+                        nn::LayerRef(counter), nn::Dense(3)});
   model.compile(
       {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
        .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
        .metrics = {"accuracy"}});
-  // Rows this process's replicas computed on: proves the global batches are split.
-  int64_t rows = 0;
-  auto count_rows = std::make_shared<train::LambdaCallback>(
-      train::LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
-        const auto& replicas = model.training_state()->replicas;
-        if (replicas.empty()) rows += 32;  // no strategy: the whole batch
-        for (const auto& r : replicas) rows += r.x.dim(0);
-      }});
-  std::vector<std::shared_ptr<train::Callback>> callbacks = {count_rows};
+  std::vector<std::shared_ptr<train::Callback>> callbacks;
   if (backup.step_delay_us > 0) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(
         train::LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
@@ -100,7 +108,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
                             .verify_sync_every = verify_every});
   // Under dtrain launch every worker writes its own file.
   if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
-  std::printf("rows %lld of %lld, replicas in sync %d\n", static_cast<long long>(rows),
+  std::printf("rows %lld of %lld, replicas in sync %d\n", static_cast<long long>(counter->rows.load()),
               static_cast<long long>(kExamples * epochs),
               strategy ? strategy->num_replicas_in_sync() : 1);
   std::ofstream f(out, std::ios::binary);

@@ -198,9 +198,9 @@ TEST(LoadModelKeras212, RebuildsTheCompiledSequential) {
   ASSERT_NE(m->optimizer(), nullptr);
   EXPECT_EQ(m->optimizer()->get_config().class_name, "Adam");
   EXPECT_FLOAT_EQ(m->optimizer()->learning_rate(), 0.001f);
-  EXPECT_EQ(m->training_state()->loss->name(), "sparse_categorical_crossentropy");
-  ASSERT_EQ(m->training_state()->metrics.size(), 1u);
-  EXPECT_EQ(m->training_state()->metrics[0]->name(), "accuracy");
+  EXPECT_EQ(m->loss()->name(), "sparse_categorical_crossentropy");
+  ASSERT_EQ(m->metrics().size(), 2u);  // the loss tracker, then the compiled metric
+  EXPECT_EQ(m->metrics()[1]->name(), "accuracy");
 
   // Weights equal the CSVs Keras dumped.
   auto& dense = dynamic_cast<nn::Dense&>(*m->layers()[1]);
@@ -278,9 +278,9 @@ TEST(SaveModel, RoundTripIsBitwiseForWeightsSlotsIterationAndConfigs) {
   EXPECT_EQ(b->to_json(), a->to_json());
   expect_same_weights(*a, *b);
   expect_same_optimizer_state(*a, *b);
-  EXPECT_EQ(b->training_state()->loss->name(), "sparse_categorical_crossentropy");
-  ASSERT_EQ(b->training_state()->metrics.size(), 1u);
-  EXPECT_EQ(b->training_state()->metrics[0]->name(), "accuracy");
+  EXPECT_EQ(b->loss()->name(), "sparse_categorical_crossentropy");
+  ASSERT_EQ(b->metrics().size(), 2u);
+  EXPECT_EQ(b->metrics()[1]->name(), "accuracy");
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"m.h5"});
 
   // Saving the loaded model again writes the same contents.
@@ -526,7 +526,7 @@ void expect_tf21_model_loaded(nn::Model& m, const ck::KerasH5Contents& c) {
     EXPECT_TRUE(opt.slot(*vars[i], "v")->tensor().equals(c.optimizer_weights[5 + i].value))
         << vars[i]->name();
   }
-  EXPECT_EQ(m.training_state()->metrics.at(0)->name(), "acc");
+  EXPECT_EQ(m.metrics().at(1)->name(), "acc");
 }
 
 TEST(LoadModelOlderKeras, Tf21FileWithFixedLengthStringsAndOptimizerV2Names) {

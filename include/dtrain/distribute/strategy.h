@@ -63,13 +63,29 @@ class Strategy {
   // worker. Throws InvalidArgumentError when the values differ in shape or dtype or their count
   // is not num_local_replicas(); blocks and throws like all_reduce_across_workers.
   Tensor reduce(ReduceOp op, const PerReplica& values);
-  // The training step's gradient reduction: out[v] = sum over local replicas r (in order) of
-  // per_replica[r][v], then all-reduced across workers (bucketed); kMean divides by
-  // num_replicas_in_sync(). The local sum is split by element ranges over the replica threads.
-  // `out` may alias per_replica[0] (then the sum is written in place). Allocates nothing.
-  // Throws InvalidArgumentError when the lists disagree in length, shape or dtype.
+  // The training step's gradient reduction, the one place it is written (fit's replicated
+  // step uses it): out[v] = sum over local replicas r, in replica order, of per_replica[r][v],
+  // then all-reduced across workers (bucketed) together with options.extra; kMean divides the
+  // gradients (not extra) by num_replicas_in_sync(). The local sum is split over the replica
+  // threads by element ranges (optim::Optimizer::element_range); options.then, when set, runs
+  // on every replica thread after the reduction — in the same pass as the local sum when there
+  // is one worker — and may touch only its own element range of each gradient, as
+  // Optimizer::update_part does. A replica with an empty list (it had no rows) and an undefined
+  // gradient contribute nothing; a variable that no replica has a gradient for gets zeros.
+  // `out` must hold defined float tensors of the variables' shapes; it may alias
+  // per_replica[0] (the sum is then written in place). Allocates nothing in steady state.
+  // Throws InvalidArgumentError when the lists disagree in length, shape or dtype; blocks and
+  // throws like all_reduce_across_workers.
+  struct ReduceGradientsOptions {
+    std::span<Tensor> extra = {};  // reduced (summed) in the same collective, e.g. a stop flag
+    const std::function<void(int local_replica, int num_local_replicas)>* then = nullptr;
+  };
   void reduce_gradients(std::span<const std::vector<Tensor>> per_replica, std::span<Tensor> out,
-                        ReduceOp op);
+                        ReduceOp op, const ReduceGradientsOptions& options);
+  void reduce_gradients(std::span<const std::vector<Tensor>> per_replica, std::span<Tensor> out,
+                        ReduceOp op) {
+    reduce_gradients(per_replica, out, op, ReduceGradientsOptions{});
+  }
 
   // Reduces `tensors` element-wise across worker processes, in place; the same bits arrive on
   // every worker. A no-op with one worker. Blocks; throws UnavailableError when a peer is lost
@@ -105,6 +121,9 @@ class Strategy {
 
  protected:
   std::string tensorboard_logdir_;
+
+ private:
+  std::vector<Tensor> reduce_list_;  // reduce_gradients' out + extra, reused every step
 };
 
 // The strategy of the innermost live scope on this thread, or null (single replica). Replica

@@ -34,7 +34,13 @@ struct EvaluateOptions;
 struct PredictOptions;
 class History;
 class TrainingState;
+class TrainingAccess;
 }  // namespace dtrain::train
+
+namespace dtrain::nn {
+class Loss;
+class Metric;
+}  // namespace dtrain::nn
 
 namespace dtrain::nn {
 
@@ -106,11 +112,11 @@ class Model : public Layer {
   // Model outputs for every example, concatenated along the batch dimension.
   Tensor predict(const Tensor& x, const train::PredictOptions& options);
   Tensor predict(const data::Dataset& dataset, const train::PredictOptions& options);
-  // The compiled optimizer (null before compile()).
+  // The compiled optimizer, loss and metrics (null / empty before compile()). metrics() is
+  // Keras's model.metrics: the loss tracker ("loss") first, then the compiled metrics.
   optim::Optimizer* optimizer();
-  // Training state owned by the train layer (loss, metrics, step counters).
-  train::TrainingState* training_state() { return training_.get(); }
-  void set_training_state(std::shared_ptr<train::TrainingState> s) { training_ = std::move(s); }
+  Loss* loss();
+  std::vector<Metric*> metrics();
 
  protected:
   // Builds a subclassed model by running call() on a zero batch of one example.
@@ -119,6 +125,8 @@ class Model : public Layer {
  private:
   std::vector<std::shared_ptr<Layer>> layers_;
   std::vector<std::string> attributes_;
+  // What compile() set up, owned here and used only by the train layer (src/train/).
+  friend class train::TrainingAccess;
   std::shared_ptr<train::TrainingState> training_;
 };
 

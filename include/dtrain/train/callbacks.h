@@ -37,8 +37,13 @@ class Callback {
   virtual void on_test_begin(const Logs& /*logs*/) {}
   virtual void on_test_end(const Logs& /*logs*/) {}
   virtual void on_test_batch_end(int64_t /*batch*/, const Logs& /*logs*/) {}
+  // fit() resumes from a backup (BackupAndRestore restored it in on_train_begin): training
+  // continues at `epoch` (0-based) after `step_in_epoch` of its steps; `from` names the
+  // checkpoint. Called after every callback's on_train_begin. (A dtrain addition to Keras's hooks.)
+  virtual void on_train_resumed(int64_t /*epoch*/, int64_t /*step_in_epoch*/,
+                                const std::string& /*from*/) {}
   // The process is being preempted (SIGTERM) after this step: save what must survive now;
-  // fit() exits the process when every callback has returned (see train/preemption.h).
+  // fit() throws PreemptedError when every callback has returned (see train/preemption.h).
   virtual void on_preemption(int64_t /*epoch*/, int64_t /*step_in_epoch*/) {}
   // fit() saw too many non-finite steps in a row: put the model and optimizer back to the last
   // good state if you can. Returns whether it did (BackupAndRestore does).

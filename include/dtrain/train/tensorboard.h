@@ -34,6 +34,8 @@ class TensorBoard : public Callback {
   void on_epoch_begin(int64_t epoch, const Logs& logs) override;
   void on_train_batch_end(int64_t batch, const Logs& logs) override;
   void on_epoch_end(int64_t epoch, const Logs& logs) override;
+  // Writes a "dtrain/recovery" text entry: where the run resumed.
+  void on_train_resumed(int64_t epoch, int64_t step_in_epoch, const std::string& from) override;
   void on_train_end(const Logs& logs) override;
 
   // Writes a markdown text entry with `tag` at `step` to the train run (e.g. a failure report);

@@ -1,0 +1,176 @@
+// The step of fit() under MirroredStrategy and MultiWorkerMirroredStrategy (TF's semantics):
+// this worker takes its part of the global batch, each local replica computes the gradient of
+// its loss scaled by (replica rows / global rows) on its own tape and thread, and
+// Strategy::reduce_gradients sums them in replica order, then across workers, so that every
+// worker applies the same update to its (identical) variables. With one worker and no
+// non-finite check the replica threads apply the update, each on its own element range, in the
+// same pass as the sum.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+
+#include "dtrain/autograd/functions.h"
+#include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/distribute/input.h"
+#include "dtrain/distribute/sync_check.h"
+#include "dtrain/ops/tensor_ops.h"
+#include "dtrain/train/preemption.h"
+#include "train_step.h"
+
+namespace dtrain::train {
+namespace {
+
+class ReplicatedStep final : public TrainStep {
+ public:
+  ReplicatedStep(nn::Model& model, TrainingState& s, const FitOptions& options)
+      : model_(model),
+        s_(s),
+        st_(*s.strategy),
+        skip_nonfinite_(options.skip_nonfinite),
+        verify_sync_every_(options.verify_sync_every) {}
+
+  void begin() override {
+    trainable_ = model_.trainable_variables();
+    if (verify_sync_every_ > 0) {
+      sync_vars_ = model_.weights();
+      s_.optimizer->build(trainable_);  // slots exist before the first check
+      for (Variable* v : s_.optimizer->variables()) sync_vars_.push_back(v);
+    }
+    grads_.clear();
+    for (Variable* v : trainable_) grads_.push_back(Tensor(v->shape()));
+    replicas_.resize(static_cast<size_t>(st_.num_local_replicas()));
+    per_replica_.resize(replicas_.size());
+    // Preemption flag and non-finite-loss count, reduced with the gradients (one bucket), so
+    // every worker learns at this step whether any of them must stop or skip.
+    flags_ = Tensor(Shape{2});
+    update_ = [this](int r, int parts) { s_.optimizer->update_part(out_, trainable_, r, parts); };
+    if (!s_.variables_synced) {
+      // Every worker starts from the chief's variables (TF broadcasts them when variables are
+      // created in scope).
+      s_.variables_synced = true;
+      if (st_.num_workers() > 1) {
+        std::vector<Tensor> values;
+        for (Variable* v : model_.weights()) values.push_back(v->tensor());
+        st_.broadcast_from_chief(values);
+      }
+    }
+  }
+
+  StepOutcome run(std::span<const StepInput> steps) override {
+    const Tensor& x = (*steps[0].batch)[0];
+    const Tensor& y = (*steps[0].batch)[1];
+    const int64_t global = x.dim(0);
+    const int local = st_.num_local_replicas();
+    const int parts = local * st_.num_workers();
+    for (int r = 0; r < local; ++r) {
+      const auto [b, e] = distribute::replica_rows(global, parts, st_.replica_id(r));
+      replicas_[r].x = x.slice(b, e);
+      replicas_[r].y = y.slice(b, e);
+    }
+    global_ = global;
+    st_.run([this](int r) { compute(r); });
+
+    int64_t nonfinite_loss = 0;
+    for (int r = 0; r < local; ++r) {
+      per_replica_[r] = std::move(replicas_[r].grads);  // moved back below: no allocation
+      if (replicas_[r].y_pred.defined() && !std::isfinite(replicas_[r].loss)) ++nonfinite_loss;
+    }
+    // One replica whose gradients are all defined: reduce in place (no copy).
+    const bool in_place = local == 1 && per_replica_[0].size() == trainable_.size() &&
+                          std::all_of(per_replica_[0].begin(), per_replica_[0].end(),
+                                      [](const Tensor& g) { return g.defined(); });
+    out_ = in_place ? std::span<Tensor>(per_replica_[0]) : std::span<Tensor>(grads_);
+    flags_.data<float>()[0] = preemption_requested() ? 1.0f : 0.0f;
+    flags_.data<float>()[1] = static_cast<float>(nonfinite_loss);
+    const bool update_now = !skip_nonfinite_;
+    if (update_now) s_.optimizer->prepare_update(out_, trainable_);
+    st_.reduce_gradients(per_replica_, out_, distribute::ReduceOp::kSum,
+                         {.extra = std::span<Tensor>(&flags_, 1),
+                          .then = update_now ? &update_ : nullptr});
+    StepOutcome outcome;
+    outcome.stop = flags_.data<float>()[0] > 0.0f;
+    if (update_now) {
+      s_.optimizer->finish_update();
+    } else {
+      // After the reduction every worker sees the same sums and flags, so all skip (or apply)
+      // together: the same rule as the one-device step (loss and gradients).
+      outcome.applied = flags_.data<float>()[1] == 0.0f && all_finite(out_);
+      if (outcome.applied) {
+        s_.optimizer->prepare_update(out_, trainable_);
+        if (local == 1) {
+          update_(0, 1);
+        } else {
+          st_.run([this, local](int r) { update_(r, local); });
+        }
+        s_.optimizer->finish_update();
+      }
+    }
+    for (int r = 0; r < local; ++r) replicas_[r].grads = std::move(per_replica_[r]);
+    ++steps_run_;
+    if (verify_sync_every_ > 0 && steps_run_ % verify_sync_every_ == 0) {
+      distribute::verify_sync(st_, sync_vars_, steps_run_);
+    }
+    if (!outcome.applied) return outcome;
+    for (int r = 0; r < local; ++r) {
+      const Replica& rep = replicas_[r];
+      if (!rep.y_pred.defined()) continue;
+      s_.loss_tracker.update_state(rep.loss, static_cast<double>(rep.x.dim(0)));
+      for (const auto& m : s_.metrics) m->update_state(rep.y, rep.y_pred);
+    }
+    return outcome;
+  }
+
+ private:
+  struct Replica {
+    std::vector<Tensor> grads;
+    Tensor x, y, y_pred;
+    double loss = 0;
+  };
+
+  // On replica thread r: forward, loss scaled by its share of the global batch, gradients.
+  void compute(int r) {
+    Replica& rep = replicas_[r];
+    const int64_t rows = rep.x.dim(0);
+    if (rows == 0) {
+      rep.grads.clear();
+      rep.y_pred = Tensor();
+      rep.loss = 0;
+      return;
+    }
+    GradientTape tape;
+    const Tensor y_pred = model_(rep.x, /*training=*/true);
+    const Tensor loss = (*s_.loss)(rep.y, y_pred);
+    // Σ over replicas of (mean loss over the replica's rows · rows / global) is the mean over the
+    // global batch, so summed gradients are the global batch's gradient.
+    const Tensor scaled = scale(loss, static_cast<float>(rows) / static_cast<float>(global_));
+    tape.gradient(scaled, trainable_, rep.grads);
+    rep.loss = loss.item();
+    rep.y_pred = stop_gradient(y_pred);
+  }
+
+  nn::Model& model_;
+  TrainingState& s_;
+  distribute::Strategy& st_;
+  const bool skip_nonfinite_;
+  // Every this many steps, compare a checksum of every variable across workers (FitOptions).
+  const int64_t verify_sync_every_;
+  std::vector<Variable*> sync_vars_;
+  int64_t steps_run_ = 0;
+  std::vector<Variable*> trainable_;
+  std::vector<Tensor> grads_;  // the reduced gradients when not reduced in place
+  std::vector<Replica> replicas_;
+  std::vector<std::vector<Tensor>> per_replica_;
+  std::span<Tensor> out_;
+  Tensor flags_;
+  int64_t global_ = 0;
+  std::function<void(int, int)> update_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainStep> make_replicated_step(nn::Model& model, TrainingState& s,
+                                                const FitOptions& options) {
+  return std::make_unique<ReplicatedStep>(model, s, options);
+}
+
+}  // namespace dtrain::train

@@ -14,6 +14,7 @@
 
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/dtrain.h"
+#include "dtrain/train/preemption.h"
 #include "dtrain/train/saving.h"
 
 using namespace dtrain;
@@ -38,12 +39,18 @@ int main(int argc, char** argv) {
                  .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
                  .metrics = {"accuracy"}});
   // save_checkpoints=true: back up every 200 steps and resume exactly after a restart.
-  model.fit(train, {.epochs = epochs,
-                    .validation_data = test,
-                    .verbose = strategy.is_chief() ? -1 : 0,
-                    .save_checkpoints = true,
-                    .checkpoint_dir = "fashion_mnist_backup",
-                    .checkpoint_every = 200});
+  try {
+    model.fit(train, {.epochs = epochs,
+                      .validation_data = test,
+                      .verbose = strategy.is_chief() ? -1 : 0,
+                      .save_checkpoints = true,
+                      .checkpoint_dir = "fashion_mnist_backup",
+                      .checkpoint_every = 200});
+  } catch (const train::PreemptedError& e) {
+    // SIGTERM: the state is backed up; the exit code (143) tells the job manager to retry.
+    std::fprintf(stderr, "%s\n", e.what());
+    return e.exit_code();
+  }
   const nn::Logs result = model.evaluate(test, {});
   if (strategy.is_chief()) {
     std::printf("%d workers: test loss %.4f, test accuracy %.4f\n", strategy.num_workers(),

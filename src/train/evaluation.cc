@@ -21,8 +21,9 @@ void test_step(nn::Model& model, TrainingState& s, const Tensor& x, const Tensor
 
 }  // namespace
 
-nn::Logs run_evaluation(nn::Model& model, const data::Dataset& dataset, std::optional<int64_t> steps,
-                        int verbose, const std::vector<std::shared_ptr<Callback>>& callbacks,
+nn::Logs run_evaluation(nn::Model& model, const data::Dataset& dataset,
+                        std::optional<int64_t> steps, int verbose,
+                        const std::vector<std::shared_ptr<Callback>>& callbacks,
                         const std::string& prefix) {
   TrainingState& s = state_of(model, "evaluate");
   NoGradGuard no_grad;

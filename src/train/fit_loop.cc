@@ -75,7 +75,8 @@ void FitLoop::begin_training() {
   if (!logdir.empty()) callbacks_.push_back(std::make_shared<TensorBoard>(logdir));
   callbacks_.push_back(history_);
   for (const auto& cb : callbacks_) cb->set_model(&model_);
-  if (options_.validation_data) validation_ = options_.validation_data->dataset(options_.batch_size);
+  if (options_.validation_data)
+    validation_ = options_.validation_data->dataset(options_.batch_size);
 
   s_.stop_training = false;
   logs_.clear();
@@ -261,8 +262,9 @@ void FitLoop::preempted(int64_t epoch, int64_t step) {
   for (const auto& cb : callbacks_) cb->on_preemption(epoch, step);
   std::fflush(stdout);
   const int code = preemption_exit_code();
-  throw PreemptedError(code, str_cat("fit: preempted (SIGTERM) at epoch ", epoch + 1, " step ",
-                                     step, "; state saved by callbacks; exiting with code ", code),
+  throw PreemptedError(code,
+                       str_cat("fit: preempted (SIGTERM) at epoch ", epoch + 1, " step ", step,
+                               "; state saved by callbacks; exiting with code ", code),
                        epoch, step);
 }
 

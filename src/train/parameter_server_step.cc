@@ -203,7 +203,8 @@ class ParameterServerStep final : public TrainStep {
   StepOutcome recover(const UnavailableError& e) {
     if (++recoveries_ > kMaxRecoveries) throw e;
     std::fprintf(stderr, "fit: parameter server lost: %s\nfit: restoring every server from %s\n",
-                 e.what(), restart_.prefix.empty() ? "the initial values" : restart_.prefix.c_str());
+                 e.what(),
+                 restart_.prefix.empty() ? "the initial values" : restart_.prefix.c_str());
     std::fflush(stderr);
     if (restart_.prefix.empty()) {
       for (size_t v = 0; v < trainable_.size(); ++v) trainable_[v]->assign(initial_[v]);

@@ -84,9 +84,9 @@ class ReplicatedStep final : public TrainStep {
     flags_.data<float>()[1] = static_cast<float>(nonfinite_loss);
     const bool update_now = !skip_nonfinite_;
     if (update_now) s_.optimizer->prepare_update(out_, trainable_);
-    st_.reduce_gradients(per_replica_, out_, distribute::ReduceOp::kSum,
-                         {.extra = std::span<Tensor>(&flags_, 1),
-                          .then = update_now ? &update_ : nullptr});
+    st_.reduce_gradients(
+        per_replica_, out_, distribute::ReduceOp::kSum,
+        {.extra = std::span<Tensor>(&flags_, 1), .then = update_now ? &update_ : nullptr});
     StepOutcome outcome;
     outcome.stop = flags_.data<float>()[0] > 0.0f;
     if (update_now) {

@@ -108,9 +108,9 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
                             .verify_sync_every = verify_every});
   // Under dtrain launch every worker writes its own file.
   if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
-  std::printf("rows %lld of %lld, replicas in sync %d\n", static_cast<long long>(counter->rows.load()),
-              static_cast<long long>(kExamples * epochs),
-              strategy ? strategy->num_replicas_in_sync() : 1);
+  std::printf(
+      "rows %lld of %lld, replicas in sync %d\n", static_cast<long long>(counter->rows.load()),
+      static_cast<long long>(kExamples * epochs), strategy ? strategy->num_replicas_in_sync() : 1);
   std::ofstream f(out, std::ios::binary);
   for (Variable* v : model.weights())
     f.write(static_cast<const char*>(v->tensor().raw_data()), v->tensor().nbytes());

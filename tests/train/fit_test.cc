@@ -4,8 +4,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <new>
+#include <optional>
 
+#include "dtrain/autograd/functions.h"
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/nn/layers.h"
@@ -216,6 +219,43 @@ TEST(Fit, MirroredReplicasSplitTheUpdateAndMatchOneReplica) {
     const float* b = one[i].data<float>();
     for (int64_t k = 0; k < fused[i].num_elements(); ++k) {
       ASSERT_NEAR(a[k], b[k], 1e-4f) << "variable " << i << " element " << k;
+    }
+  }
+}
+
+// A loss that is +inf while its gradient is finite (zero): only a check of the loss itself can
+// tell that the step went bad.
+class InfiniteLoss : public nn::Loss {
+ public:
+  Tensor operator()(const Tensor&, const Tensor& y_pred) const override {
+    return scale(reduce_mean(y_pred), 0.0f, std::numeric_limits<float>::infinity());
+  }
+  std::string name() const override { return "infinite"; }
+  nn::LossConfig get_config() const override { return {.class_name = "Infinite", .name = name()}; }
+};
+
+// One non-finite rule for every step: with skip_nonfinite a non-finite loss skips the update
+// (the optimizer's iteration count does not move) on one device and under MirroredStrategy.
+TEST(Fit, SkipNonfiniteChecksTheLossOnEveryStrategy) {
+  const Blobs train = make_blobs(128, 3, 31);
+  for (int replicas : {0, 1, 2}) {
+    std::optional<distribute::MirroredStrategy> strategy;
+    std::optional<distribute::Strategy::ScopeGuard> scope;
+    if (replicas > 0) {
+      strategy.emplace(replicas);
+      scope.emplace(&*strategy);
+    }
+    nn::clear_session();
+    Sequential m({Dense(4, {.seed = 3, .input_shape = Shape{8}}), Dense(3, {.seed = 4})});
+    m.compile({.optimizer = "adam", .loss = std::make_shared<InfiniteLoss>()});
+    m.build(Shape{8});
+    std::vector<Tensor> before;
+    for (Variable* v : m.weights()) before.push_back(v->tensor().clone());
+    m.fit(train.x, train.y,
+          {.epochs = 1, .batch_size = 32, .seed = 1, .verbose = 0, .skip_nonfinite = true});
+    EXPECT_EQ(m.optimizer()->iterations(), 0) << replicas << " replicas";
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_TRUE(m.weights()[i]->tensor().equals(before[i])) << replicas << " replicas, " << i;
     }
   }
 }

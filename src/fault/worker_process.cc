@@ -57,17 +57,6 @@ std::string read_small_file(const std::string& path) {
   return s;
 }
 
-// Full path of `program` on PATH, or "".
-std::string find_on_path(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
-
 // `program` as exec would run it: a path when it contains '/', else the first executable
 // regular file of that name on PATH; "" when there is none.
 std::string resolve_program(const std::string& program) {
@@ -102,8 +91,15 @@ void close_pair(int fds[2]) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
+  for (int sig = 1; sig < NSIG; ++sig) {  // no handler of the launcher's may run in the child
+    struct sigaction now {};
+    if (::sigaction(sig, nullptr, &now) == 0 && now.sa_handler != SIG_DFL &&
+        now.sa_handler != SIG_IGN) {
+      ::sigaction(sig, &dfl, nullptr);
+    }
+  }
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT, SIGUSR1, SIGUSR2}) {
-    ::sigaction(sig, &dfl, nullptr);
+    ::sigaction(sig, &dfl, nullptr);  // ignored ones too (SIGPIPE)
   }
   sigset_t empty;
   sigemptyset(&empty);
@@ -292,7 +288,7 @@ std::string describe_stuck_process(pid_t pid, milliseconds gdb_timeout) {
     ::closedir(d);
   }
   if (gdb_timeout.count() <= 0) return out;
-  const std::string gdb = find_on_path("gdb");
+  const std::string gdb = resolve_program("gdb");
   if (gdb.empty()) return out + "(gdb is not installed: no backtraces)\n";
   Process p;
   try {

@@ -1,7 +1,7 @@
 // dtrain launch: starts the worker processes of a job on this node, like torchrun, and keeps the
-// job alive through failures (--max-restarts). The work is fault::run_launch_agent
-// (src/fault/launch_agent.cc); this file maps the command line onto fault::LaunchOptions.
-// Single-threaded.
+// job alive through failures (--max-restarts). The work is fault::run_launch_agent, or
+// fault::run_launch_ps for --ps (src/fault); this file maps the command line onto their
+// options (which they check before starting anything). Single-threaded.
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <string>
@@ -10,7 +10,7 @@
 #include "commands.h"
 #include "dtrain/core/error.h"
 #include "dtrain/fault/launch_agent.h"
-#include "launch_ps.h"
+#include "dtrain/fault/launch_ps.h"
 
 namespace dtrain::cli {
 namespace {
@@ -20,13 +20,15 @@ std::string nnodes = "1";
 int ps_servers = 0;
 int ps_workers = 0;
 
+bool ps_job = false;  // --ps given
+
 int run_launch() {
-  if (ps_servers > 0) {
-    return run_launch_ps({.ps = ps_servers,
-                          .workers = ps_workers,
-                          .max_restarts = options.max_restarts,
-                          .grace_period_s = options.grace_period_s,
-                          .command = options.command});
+  if (ps_job) {
+    return fault::run_launch_ps({.ps = ps_servers,
+                                 .workers = ps_workers,
+                                 .max_restarts = options.max_restarts,
+                                 .grace_period_s = options.grace_period_s,
+                                 .command = options.command});
   }
   const auto [lo, hi] = fault::parse_nnodes(nnodes);
   options.min_nodes = lo;
@@ -102,12 +104,25 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
                   "Append every failure, restart and recovery to this JSON-lines file");
   cmd->add_option("--logdir", options.logdir,
                   "TensorBoard directory: the launcher writes its events to LOGDIR/launcher");
-  cmd->add_option("--ps", ps_servers,
-                  "Start a ParameterServerStrategy job instead: this many `dtrain ps` servers, "
-                  "--workers workers and a chief, with TF_CONFIG (docs/parameter-server.md)");
-  cmd->add_option("--workers", ps_workers, "Workers of a --ps job (besides the chief)");
+  CLI::Option* ps =
+      cmd->add_option("--ps", ps_servers,
+                      "Start a ParameterServerStrategy job instead: this many `dtrain ps` "
+                      "servers, --workers workers and a chief, with TF_CONFIG "
+                      "(docs/parameter-server.md)");
+  cmd->add_option("--workers", ps_workers, "Workers of a --ps job (besides the chief)")->needs(ps);
   cmd->add_option("command", options.command, "PROGRAM ARGS... (after --)")->required();
-  cmd->callback([&run] { run = run_launch; });
+  // A --ps job has no nodes, rendezvous, heartbeats or exclusion: those flags do not apply.
+  for (CLI::Option* o : cmd->get_options()) {
+    const std::string name = o->get_name();
+    if (o != ps && name.rfind("--", 0) == 0 && name != "--workers" && name != "--max-restarts" &&
+        name != "--grace-period" && name != "--help") {
+      ps->excludes(o);
+    }
+  }
+  cmd->callback([&run, ps] {
+    ps_job = ps->count() > 0;
+    run = run_launch;
+  });
 }
 
 }  // namespace dtrain::cli

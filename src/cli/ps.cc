@@ -59,7 +59,8 @@ void add_ps_command(CLI::App& app, std::function<int()>& run) {
   CLI::App* cmd = app.add_subcommand(
       "ps", "Run a parameter server for ParameterServerStrategy (until SIGINT/SIGTERM)");
   cmd->add_option("--port", flags.port,
-                  "Port to listen on (0: pick one and print it); default: TF_CONFIG's ps task");
+                  "Port to listen on (0: pick one and print it); default: TF_CONFIG's ps task")
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--host", flags.host, "Address to listen on (0.0.0.0 for other machines)");
   cmd->add_flag("--no-sync", flags.no_sync, "Do not fsync checkpoint shards (scratch space only)");
   cmd->callback([&run] { run = [] { return run_ps(flags); }; });

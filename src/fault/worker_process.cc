@@ -1,16 +1,19 @@
-// Process plumbing for the launcher: spawn, pipes, line prefixes, the signal self-pipe, and
-// stack dumps of hung workers. Single-threaded use (see worker_process.h).
+// Process plumbing for the launcher: spawn (fork and exec, so the child can ask to die with the
+// launcher), pipes, line prefixes, the signal self-pipe, and stack dumps of hung workers.
+// Single-threaded use (see worker_process.h).
 #include "fault/worker_process.h"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -54,15 +57,62 @@ std::string read_small_file(const std::string& path) {
   return s;
 }
 
-// Full path of `program` on PATH, or "".
-std::string find_on_path(const std::string& program) {
+// `program` as exec would run it: a path when it contains '/', else the first executable
+// regular file of that name on PATH; "" when there is none.
+std::string resolve_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
   const char* path = std::getenv("PATH");
   std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
   for (std::string dir; std::getline(dirs, dir, ':');) {
     const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
   }
   return "";
+}
+
+void close_pair(int fds[2]) {
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+// The child between fork and exec: only async-signal-safe calls (the launcher has threads).
+// Its own process group; SIGKILL when the launcher dies (PR_SET_PDEATHSIG, and at once when the
+// launcher died before that was set: the child was re-parented already); default signal
+// handling and, after that, an empty mask; stdout and stderr into the pipes. Writes errno to
+// `report` and exits 127 when exec fails.
+[[noreturn]] void exec_child(pid_t parent, const char* program, char* const argv[],
+                             char* const envp[], int out, int err, int report) {
+  ::setpgid(0, 0);
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::raise(SIGKILL);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int sig = 1; sig < NSIG; ++sig) {  // no handler of the launcher's may run in the child
+    struct sigaction now {};
+    if (::sigaction(sig, nullptr, &now) == 0 && now.sa_handler != SIG_DFL &&
+        now.sa_handler != SIG_IGN) {
+      ::sigaction(sig, &dfl, nullptr);
+    }
+  }
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT, SIGUSR1, SIGUSR2}) {
+    ::sigaction(sig, &dfl, nullptr);  // ignored ones too (SIGPIPE)
+  }
+  sigset_t empty;
+  sigemptyset(&empty);
+  ::sigprocmask(SIG_SETMASK, &empty, nullptr);
+  if (::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0) {
+    const int e = errno;
+    [[maybe_unused]] const ssize_t n = ::write(report, &e, sizeof e);
+    ::_exit(127);
+  }
+  ::execve(program, argv, envp);
+  const int e = errno;
+  [[maybe_unused]] const ssize_t n = ::write(report, &e, sizeof e);
+  ::_exit(127);
 }
 
 }  // namespace
@@ -119,50 +169,63 @@ void close_stream(Stream& s, const std::string& prefix) {
 
 Process spawn_process(const std::vector<std::string>& command, const std::vector<std::string>& env,
                       const std::string& what) {
-  int out[2], err[2];
+  DTRAIN_INTERNAL_CHECK(!command.empty(), "spawn_process: no command");
+  const std::string cannot = str_cat("launch: cannot start '", command[0], "' for ", what, ": ");
+  // Resolved here, not in the child: between fork and exec only async-signal-safe calls.
+  const std::string program = resolve_program(command[0]);
+  if (program.empty()) throw NotFoundError(cannot + std::strerror(ENOENT));
+  int out[2], err[2], report[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
     throw InternalError(str_cat("launch: pipe: ", std::strerror(errno)));
   }
   if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
+    close_pair(out);
     throw InternalError(str_cat("launch: pipe: ", std::strerror(errno)));
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t defaults, empty;
-  sigemptyset(&defaults);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGQUIT, SIGUSR1, SIGUSR2}) {
-    sigaddset(&defaults, sig);
+  if (::pipe2(report, O_CLOEXEC) != 0) {  // the child's exec error; closed by a successful exec
+    close_pair(out);
+    close_pair(err);
+    throw InternalError(str_cat("launch: pipe: ", std::strerror(errno)));
   }
-  sigemptyset(&empty);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setsigmask(&attr, &empty);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   std::vector<char*> argv, envp;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, argv[0], &actions, &attr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  // Signals stay blocked until the child has reset its handlers (inherited ones would write to
+  // the launcher's self-pipe), as posix_spawn does.
+  sigset_t all, previous;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &previous);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    exec_child(parent, program.c_str(), argv.data(), envp.data(), out[1], err[1], report[1]);
+  }
+  const int fork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   ::close(out[1]);
   ::close(err[1]);
-  if (rc != 0) {
+  ::close(report[1]);
+  if (pid < 0) {
     ::close(out[0]);
     ::close(err[0]);
-    const std::string msg =
-        str_cat("launch: cannot start '", command[0], "' for ", what, ": ", std::strerror(rc));
-    if (rc == ENOENT) throw NotFoundError(msg);
-    throw FailedPreconditionError(msg);
+    ::close(report[0]);
+    throw FailedPreconditionError(cannot + std::strerror(fork_errno));
+  }
+  ::setpgid(pid, pid);  // also done by the child; whichever runs first (EACCES after its exec)
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &child_errno, sizeof child_errno);
+  } while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n > 0) {  // exec failed: the child exited
+    ::waitpid(pid, nullptr, 0);
+    ::close(out[0]);
+    ::close(err[0]);
+    if (child_errno == ENOENT) throw NotFoundError(cannot + std::strerror(child_errno));
+    throw FailedPreconditionError(cannot + std::strerror(child_errno));
   }
   Process p;
   p.pid = pid;
@@ -192,6 +255,20 @@ int exit_code_of(int status) {
   return 1;
 }
 
+bool process_stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // "pid (comm) S ...": the state follows the last ')' (comm may contain parentheses).
+  const char* close = std::strrchr(buf, ')');
+  if (n == 0 || close == nullptr || close[1] != ' ') return false;
+  return close[2] == 'T' || close[2] == 't';
+}
+
 std::string describe_stuck_process(pid_t pid, milliseconds gdb_timeout) {
   const std::string proc = str_cat("/proc/", pid);
   std::string out = str_cat("pid ", pid, ": ", proc_field(proc + "/status", "State:"), "\n");
@@ -211,7 +288,7 @@ std::string describe_stuck_process(pid_t pid, milliseconds gdb_timeout) {
     ::closedir(d);
   }
   if (gdb_timeout.count() <= 0) return out;
-  const std::string gdb = find_on_path("gdb");
+  const std::string gdb = resolve_program("gdb");
   if (gdb.empty()) return out + "(gdb is not installed: no backtraces)\n";
   Process p;
   try {

@@ -46,8 +46,12 @@ struct Process {
   Stream out, err;
 };
 
-// Starts `command` with `env`, stdout and stderr into fresh pipes, in its own process group
-// (so a signal reaches its whole process tree), with default signal handling. Throws
+// Starts `command` with `env` (the program found on PATH unless it names a path), stdout and
+// stderr into fresh pipes, in its own process group (so a signal reaches its whole process
+// tree), with default signal handling, and asks the kernel to SIGKILL it when the calling
+// thread dies (PR_SET_PDEATHSIG: a launcher killed with SIGKILL leaves no orphaned worker; its
+// grandchildren are the worker's to stop). Call it from the thread that lives as long as the
+// launcher. Throws
 // NotFoundError when the program does not exist, FailedPreconditionError when it cannot be
 // started, naming `what`.
 Process spawn_process(const std::vector<std::string>& command, const std::vector<std::string>& env,
@@ -56,6 +60,9 @@ Process spawn_process(const std::vector<std::string>& command, const std::vector
 // The current environment without the variables named in `drop`, plus `set` ("NAME=value").
 std::vector<std::string> environment_with(const std::vector<std::string>& drop,
                                           const std::vector<std::string>& set);
+
+// Whether process `pid` is stopped (by a signal or a tracer): state T or t in /proc/<pid>/stat.
+bool process_stopped(pid_t pid);
 
 // Decodes a waitpid status the way shells do: exit code, or 128 + signal.
 int exit_code_of(int status);

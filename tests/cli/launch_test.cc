@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -23,6 +24,7 @@
 extern char** environ;
 
 #include "testutil/launcher_process.h"
+#include "testutil/run_dtrain.h"
 
 namespace {
 
@@ -187,6 +189,73 @@ TEST_F(LaunchTest, UsageErrorsExitWith2) {
   EXPECT_EQ(
       launch({"--nnodes", "2", "--node-rank", "2", "--rdzv", "127.0.0.1:1", "--", "true"}).code, 2);
   EXPECT_EQ(launch({"--rdzv", "nohostport", "--", "true"}).code, 2);
+}
+
+// Values no job can run with are usage errors (exit 2) before anything starts, naming the flag
+// and the limit; none of them starts a worker (a worker would print "started").
+TEST_F(LaunchTest, AbsurdValuesAreUsageErrorsBeforeAnythingStarts) {
+  const std::string started = "echo started";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc-per-node", "100000"}, "at most 1024 processes"},
+      {{"--nproc-per-node", "-3"}, "--nproc-per-node"},
+      {{"--ps", "-1"}, "--ps must be >= 1"},
+      {{"--ps", "0"}, "--ps must be >= 1"},
+      {{"--ps", "1", "--workers", "-1"}, "--workers must be >= 0"},
+      {{"--ps", "100000"}, "at most 1024 processes"},
+      {{"--ps", "1", "--max-restarts", "-1"}, "--max-restarts must be >= 0"},
+      {{"--ps", "1", "--nproc-per-node", "2"}, "excludes"},
+      {{"--workers", "2"}, "requires --ps"},
+      {{"--max-restarts", "-1"}, "--max-restarts must be >= 0"},
+      {{"--nnodes", "4:2", "--rdzv", "127.0.0.1:1"}, "MIN is larger than MAX"},
+      {{"--nnodes", "0"}, "--nnodes"},
+      {{"--nnodes", "100000", "--rdzv", "127.0.0.1:1"}, "more than 65536 nodes"},
+      {{"--node-rank", "-1"}, "--node-rank -1"},
+      {{"--grace-period", "-1"}, "--grace-period"},
+      {{"--grace-period", "inf"}, "--grace-period inf must be >= 0"},
+      {{"--rdzv-timeout", "0"}, "--rdzv-timeout"},
+      {{"--heartbeat-timeout", "1e300"}, "--heartbeat-timeout"},
+      {{"--watchdog-timeout", "nan"}, "timeouts and intervals"},
+      {{"--exclude-after", "-2"}, "--exclude-after"},
+      {{"--preemption-exit-code", "300"}, "not an exit code in [1, 255]"},
+  };
+  for (const auto& [flags, message] : cases) {
+    std::vector<std::string> args = flags;
+    args.insert(args.end(), {"--", "sh", "-c", started});
+    const Outcome r = launch(args);
+    std::string shown;
+    for (const auto& f : flags) shown += f + " ";
+    EXPECT_EQ(r.code, 2) << shown << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << shown << "\n" << r.output;
+    EXPECT_EQ(r.output.find("started"), std::string::npos) << shown << "\n" << r.output;
+    std::cout << "[ measured ] launch " << shown << "exited with " << r.code << " after "
+              << r.seconds << " s\n";
+  }
+}
+
+// More workers than the file-descriptor limit allows is a usage error naming RLIMIT_NOFILE, not
+// a failure halfway through starting them.
+TEST_F(LaunchTest, WorkersBeyondTheFileDescriptorLimitAreAUsageError) {
+  const std::string cmd = "ulimit -n 256 && exec " + std::string(DTRAIN_BINARY_DIR) +
+                          "/dtrain launch --nproc-per-node 100 -- sh -c 'echo started' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  EXPECT_NE(out.find("RLIMIT_NOFILE"), std::string::npos) << out;
+  EXPECT_NE(out.find("256"), std::string::npos) << out;
+  EXPECT_EQ(out.find("started"), std::string::npos) << out;
+}
+
+TEST_F(LaunchTest, PsPortsOutsideTheRangeAreUsageErrors) {
+  for (const char* port : {"-5", "70000"}) {
+    const auto r = dtrain::testutil::run_dtrain(std::string("ps --port ") + port);
+    EXPECT_EQ(r.code, 2) << port << "\n" << r.output;
+    EXPECT_NE(r.output.find("--port"), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(LaunchTest, TwoNodesOnOneMachineFormOneJob) {

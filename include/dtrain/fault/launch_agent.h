@@ -49,7 +49,14 @@ struct LaunchOptions {
 // answer within rdzv_timeout. Blocks for the whole job.
 int run_launch_agent(const LaunchOptions& options);
 
-// Failures per slot (or node) within a sliding window, for exclusion. Not thread-safe.
+// Checks every option before anything starts (run_launch_agent calls it first): counts, ranges,
+// finite timeouts of at most a year, a preemption code in [1, 255], and a worker count that this
+// process can supervise (at most 1024, within RLIMIT_NOFILE and RLIMIT_NPROC). Throws
+// InvalidArgumentError naming the flag and the limit.
+void validate_launch_options(const LaunchOptions& options);
+
+// Failures per slot (or node) within a sliding window, for exclusion (the launcher's policy is
+// src/fault/exclusion_policy.h). Not thread-safe.
 class FailureHistory {
  public:
   using Clock = std::chrono::steady_clock;

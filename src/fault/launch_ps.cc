@@ -5,7 +5,7 @@
 // worker that dies (up to --max-restarts, on the same address: the chief restores servers from
 // its checkpoint and reschedules a dead worker's steps), and exits with the chief's code.
 // Single-threaded (one poll loop).
-#include "launch_ps.h"
+#include "dtrain/fault/launch_ps.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,14 +16,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
 
+#include "dtrain/core/error.h"
+#include "fault/process_limits.h"
 #include "fault/worker_process.h"
 
-namespace dtrain::cli {
+namespace dtrain::fault {
 namespace {
-
-using fault::say;
 
 int free_port() {
   const int s = socket(AF_INET, SOCK_STREAM, 0);
@@ -45,7 +46,7 @@ struct Task {
   int port = 0;
   std::string prefix = {};
   std::vector<std::string> command = {};
-  fault::Process process = {};
+  Process process = {};
   bool exited = false;
   int restarts = 0;
 };
@@ -69,9 +70,9 @@ void start(Task& t, const std::string& cluster) {
   const std::string tf_config = "{\"cluster\": " + cluster + ", \"task\": {\"type\": \"" + t.type +
                                 "\", \"index\": " + std::to_string(t.index) + "}}";
   // The job's own TF_CONFIG wins over the launcher's and over any dtrain launch variables.
-  const std::vector<std::string> env = fault::environment_with(
+  const std::vector<std::string> env = environment_with(
       {"TF_CONFIG", "DTRAIN_RANK", "DTRAIN_WORLD_SIZE", "DTRAIN_RDZV"}, {"TF_CONFIG=" + tf_config});
-  t.process = fault::spawn_process(t.command, env, t.prefix);
+  t.process = spawn_process(t.command, env, t.prefix);
   t.exited = false;
 }
 
@@ -97,16 +98,24 @@ void stop_all(std::vector<Task>& tasks, double grace_s) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    fault::close_stream(t.process.out, t.prefix);
-    fault::close_stream(t.process.err, t.prefix);
+    close_stream(t.process.out, t.prefix);
+    close_stream(t.process.err, t.prefix);
   }
 }
 
 }  // namespace
 
 int run_launch_ps(const LaunchPsOptions& o) {
-  DTRAIN_CHECK(o.ps >= 1 && o.workers >= 0, "launch: --ps must be >= 1 and --workers >= 0");
+  DTRAIN_CHECK(o.ps >= 1, "launch: --ps must be >= 1 (parameter servers), got ", o.ps);
+  DTRAIN_CHECK(o.workers >= 0, "launch: --workers must be >= 0, got ", o.workers);
+  DTRAIN_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be >= 0, got ", o.max_restarts);
+  DTRAIN_CHECK(std::isfinite(o.grace_period_s) && o.grace_period_s >= 0 &&
+                   o.grace_period_s <= 365.0 * 24 * 3600,
+               "launch: --grace-period ", o.grace_period_s,
+               " must be >= 0 and at most a year of seconds");
   DTRAIN_CHECK(!o.command.empty(), "launch: no program given after --");
+  check_process_count(static_cast<long long>(o.ps) + o.workers + 1,
+                      str_cat("--ps ", o.ps, " --workers ", o.workers));
   std::vector<Task> tasks;
   for (int i = 0; i < o.ps; ++i) {
     Task t{
@@ -128,7 +137,7 @@ int run_launch_ps(const LaunchPsOptions& o) {
   const std::string cluster = "{\"chief\": [" + address_list(tasks, "chief") + "], \"worker\": [" +
                               address_list(tasks, "worker") + "], \"ps\": [" +
                               address_list(tasks, "ps") + "]}";
-  fault::SignalRelay signals;
+  SignalRelay signals;
   for (Task& t : tasks) start(t, cluster);
   say("parameter-server job: ", o.ps, " ps, ", o.workers, " workers and a chief; cluster ",
       cluster);
@@ -137,10 +146,10 @@ int run_launch_ps(const LaunchPsOptions& o) {
     // Poll the signal pipe and every open output pipe; read only those that are ready (the
     // pipes block).
     std::vector<pollfd> fds{{signals.fd(), POLLIN, 0}};
-    std::vector<fault::Stream*> streams{nullptr};
+    std::vector<Stream*> streams{nullptr};
     std::vector<const std::string*> prefixes{nullptr};
     for (Task& t : tasks) {
-      for (fault::Stream* st : {&t.process.out, &t.process.err}) {
+      for (Stream* st : {&t.process.out, &t.process.err}) {
         if (st->fd < 0) continue;
         fds.push_back({st->fd, POLLIN, 0});
         streams.push_back(st);
@@ -154,16 +163,16 @@ int run_launch_ps(const LaunchPsOptions& o) {
       }
     }
     for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) fault::pump(*streams[i], *prefixes[i]);
+      if (fds[i].revents != 0) pump(*streams[i], *prefixes[i]);
     }
     for (Task& t : tasks) {
       if (t.exited || t.process.pid <= 0) continue;
       int status = 0;
       if (waitpid(t.process.pid, &status, WNOHANG) != t.process.pid) continue;
       t.exited = true;
-      fault::close_stream(t.process.out, t.prefix);
-      fault::close_stream(t.process.err, t.prefix);
-      const int code = fault::exit_code_of(status);
+      close_stream(t.process.out, t.prefix);
+      close_stream(t.process.err, t.prefix);
+      const int code = exit_code_of(status);
       if (t.type == "chief") {
         say("the chief exited with code ", code, "; stopping the job");
         stop_all(tasks, o.grace_period_s);
@@ -184,4 +193,4 @@ int run_launch_ps(const LaunchPsOptions& o) {
   }
 }
 
-}  // namespace dtrain::cli
+}  // namespace dtrain::fault

@@ -1,0 +1,138 @@
+// The launcher's fault events (see launch_events.h).
+#include "fault/launch_events.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::fault {
+
+FaultEvent event_of(const char* kind, int64_t generation) {
+  FaultEvent e;
+  e.kind = kind;
+  e.generation = generation;
+  return e;
+}
+
+FaultEvent event_of(const char* kind, int64_t generation, const Failure& f) {
+  FaultEvent e = event_of(kind, generation);
+  e.rank = f.rank;
+  e.node = f.node;
+  e.slot = f.slot;
+  e.pid = f.pid;
+  e.exit_code = f.code;
+  e.signal = f.signal;
+  e.detector = f.detector;
+  e.last_step = f.last_step;
+  return e;
+}
+
+FaultEvent aftermath_event(const Worker& w, int node, const Failure& first,
+                           int preemption_exit_code, int64_t generation) {
+  const bool peer = is_peer_failure(w, preemption_exit_code);
+  FaultEvent e = event_of(peer ? kEventPeerFailure : kEventStopped, generation);
+  e.rank = w.rank;
+  e.node = node;
+  e.slot = w.slot;
+  e.pid = w.pid;
+  e.exit_code = w.code;
+  if (WIFSIGNALED(w.status)) e.signal = WTERMSIG(w.status);
+  if (peer) e.detector = is_collective_exit(w.code) ? kDetectCollective : kDetectExit;
+  e.cause_rank = first.rank;
+  e.last_step = w.step;
+  e.message = str_cat("worker ", w.rank, " ", describe_exit(w.status),
+                      w.step ? str_cat(" at step ", *w.step) : std::string(),
+                      peer ? " after the failure (a consequence of it)" : " (stopped)");
+  return e;
+}
+
+void RecoveryTracker::restarting(const Failure& f, std::optional<double> step_seconds) {
+  ++restarts_;
+  Recovery r;
+  r.failure = f;
+  r.step_seconds = step_seconds;
+  recovery_ = r;
+}
+
+void RecoveryTracker::started(int64_t generation) {
+  if (recovery_) recovery_->generation = generation;
+}
+
+void RecoveryTracker::observe(const Generation& g, distribute::CoordinationClient& client,
+                              const std::map<std::string, std::string>& progress) {
+  if (!recovery_ || recovery_->generation != g.number) return;
+  if (!recovery_->resumed_recorded) record_resumed(g, client);
+  // The first step completed after the restart: past the resumed step (or any step at all when
+  // the workers do not say where they resumed).
+  std::optional<int64_t> newest;
+  for (const auto& [k, v] : progress) {
+    if (const auto s = parse_int(v)) newest = std::max(newest.value_or(*s), *s);
+  }
+  if (!newest || (recovery_->resumed_step && *newest <= *recovery_->resumed_step)) return;
+  record_recovered(g);
+  recovery_.reset();
+}
+
+void RecoveryTracker::record_resumed(const Generation& g, distribute::CoordinationClient& client) {
+  Recovery& r = *recovery_;
+  const auto resumed = client.get_prefix(str_cat("resumed/", g.number, "/"));
+  for (const auto& [k, v] : resumed) {
+    if (const auto s = parse_int(v)) r.resumed_step = std::min(r.resumed_step.value_or(*s), *s);
+  }
+  if (!r.resumed_step) return;
+  for (const auto& [k, v] : client.get_prefix(str_cat("resumed_from/", g.number, "/"))) {
+    r.checkpoint = v;
+  }
+  r.resumed_recorded = true;
+  FaultEvent e = event_of(kEventResumed, g.number);
+  e.resumed_step = r.resumed_step;
+  e.checkpoint = r.checkpoint;
+  e.last_step = r.failure.last_step;
+  // Known only when the last progress report came after the backup (reports are rate-limited,
+  // so they can trail it).
+  if (r.failure.last_step && *r.failure.last_step >= *r.resumed_step)
+    e.lost_steps = *r.failure.last_step - *r.resumed_step;
+  e.message = str_cat("workers resumed", r.checkpoint.empty() ? "" : " from " + r.checkpoint,
+                      " at step ", *r.resumed_step);
+  recorder_.record(e);
+}
+
+void RecoveryTracker::record_recovered(const Generation& g) {
+  const Recovery& r = *recovery_;
+  const double recovery = seconds_between(r.failure.detected_at, Clock::now());
+  FaultEvent e = event_of(kEventRecovered, g.number);
+  e.rank = r.failure.rank;
+  e.node = r.failure.node;
+  e.detector = r.failure.detector;
+  e.last_step = r.failure.last_step;
+  e.resumed_step = r.resumed_step;
+  e.checkpoint = r.checkpoint;
+  e.recovery_seconds = recovery;
+  e.restarts = restarts_;
+  std::string lost;
+  if (r.failure.last_step && r.resumed_step && *r.failure.last_step >= *r.resumed_step) {
+    e.lost_steps = *r.failure.last_step - *r.resumed_step;
+    e.lost_seconds = recovery + static_cast<double>(*e.lost_steps) * r.step_seconds.value_or(0);
+    lost = str_cat("; lost ", *e.lost_steps, " steps, ", fixed(*e.lost_seconds), " s");
+  } else if (r.failure.last_step && r.resumed_step) {
+    // The last progress report (rate-limited) predates the backup the workers resumed from, so
+    // how far past it the failed worker got is not known here: at most one backup interval.
+    e.lost_seconds = recovery;
+    lost = str_cat("; lost the steps after ", *r.resumed_step,
+                   " (at most one backup interval; last progress report: step ",
+                   *r.failure.last_step, "), ", fixed(recovery), " s");
+  } else {
+    lost = str_cat("; back to training ", fixed(recovery), " s after the failure");
+  }
+  e.message = str_cat(
+      r.failure.what, "; restarted",
+      r.resumed_step ? str_cat("; resumed", r.checkpoint.empty() ? "" : " from " + r.checkpoint,
+                               " at step ", *r.resumed_step)
+                     : std::string(),
+      lost);
+  recorder_.record(e);
+}
+
+}  // namespace dtrain::fault

@@ -2,7 +2,7 @@
 #include "object_graph.h"
 
 #include "dtrain/core/error.h"
-#include "proto_wire.h"
+#include "dtrain/core/proto_wire.h"
 
 namespace dtrain::checkpoint {
 
@@ -71,7 +71,7 @@ ObjectGraph ObjectGraph::parse(std::string_view bytes, const std::string& what) 
       if (nf.number == 1) {
         Child& c = n.children.emplace_back();
         while (sr.next(sf)) {
-          if (sf.number == 1) c.node_id = static_cast<int>(sf.varint);
+          if (sf.number == 1) c.node_id = static_cast<int>(sf.value);
           if (sf.number == 2) c.local_name = std::string(sf.bytes);
         }
       } else if (nf.number == 2) {
@@ -84,9 +84,9 @@ ObjectGraph ObjectGraph::parse(std::string_view bytes, const std::string& what) 
       } else if (nf.number == 3) {
         SlotVariable& s = n.slot_variables.emplace_back();
         while (sr.next(sf)) {
-          if (sf.number == 1) s.original_variable_node_id = static_cast<int>(sf.varint);
+          if (sf.number == 1) s.original_variable_node_id = static_cast<int>(sf.value);
           if (sf.number == 2) s.slot_name = std::string(sf.bytes);
-          if (sf.number == 3) s.slot_variable_node_id = static_cast<int>(sf.varint);
+          if (sf.number == 3) s.slot_variable_node_id = static_cast<int>(sf.value);
         }
       }
     }

@@ -24,7 +24,7 @@
 #include "dtrain/core/crc32c.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
-#include "proto_wire.h"
+#include "dtrain/core/proto_wire.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -131,7 +131,7 @@ Shape decode_shape(std::string_view bytes, const std::string& what) {
       wire::Reader dr(f.bytes, what + " (TensorShapeProto.Dim)");
       wire::Field df;
       while (dr.next(df)) {
-        if (df.number == 1 && df.type == wire::kVarint) size = static_cast<int64_t>(df.varint);
+        if (df.number == 1 && df.type == wire::kVarint) size = static_cast<int64_t>(df.value);
       }
       if (size < 0) throw DataLossError(str_cat(what, ": negative dimension ", size));
       if (shape.rank() == Shape::kMaxRank) {
@@ -139,7 +139,7 @@ Shape decode_shape(std::string_view bytes, const std::string& what) {
             str_cat(what, ": rank above ", Shape::kMaxRank, " is not supported"));
       }
       shape.push_back(size);
-    } else if (f.number == 3 && f.varint != 0) {
+    } else if (f.number == 3 && f.value != 0) {
       throw DataLossError(str_cat(what, ": shape of unknown rank in a checkpoint"));
     }
   }
@@ -153,22 +153,22 @@ BundleEntry decode_entry(std::string_view bytes, const std::string& what) {
   while (r.next(f)) {
     switch (f.number) {
       case 1:
-        e.dtype = static_cast<DType>(static_cast<int32_t>(f.varint));
+        e.dtype = static_cast<DType>(static_cast<int32_t>(f.value));
         break;
       case 2:
         e.shape = decode_shape(f.bytes, what);
         break;
       case 3:
-        e.shard_id = static_cast<int32_t>(f.varint);
+        e.shard_id = static_cast<int32_t>(f.value);
         break;
       case 4:
-        e.offset = static_cast<int64_t>(f.varint);
+        e.offset = static_cast<int64_t>(f.value);
         break;
       case 5:
-        e.size = static_cast<int64_t>(f.varint);
+        e.size = static_cast<int64_t>(f.value);
         break;
       case 6:
-        e.masked_crc32c = static_cast<uint32_t>(f.varint);
+        e.masked_crc32c = static_cast<uint32_t>(f.value);
         break;
       case 7:
         e.partitioned = true;
@@ -387,17 +387,17 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
       wire::Reader r(value, str_cat("BundleHeaderProto in ", index_path));
       wire::Field f;
       while (r.next(f)) {
-        if (f.number == 1) num_shards_ = static_cast<int>(f.varint);
-        if (f.number == 2 && f.varint != 0) {
+        if (f.number == 1) num_shards_ = static_cast<int>(f.value);
+        if (f.number == 2 && f.value != 0) {
           big_endian_ = true;
         }
         if (f.number == 3) {
           wire::Reader vr(f.bytes, str_cat("VersionDef in ", index_path));
           wire::Field vf;
           while (vr.next(vf)) {
-            if (vf.number == 2 && static_cast<int64_t>(vf.varint) > kBundleVersion) {
+            if (vf.number == 2 && static_cast<int64_t>(vf.value) > kBundleVersion) {
               throw UnimplementedError(str_cat("checkpoint index ", index_path,
-                                               " needs a newer reader (min_consumer ", vf.varint,
+                                               " needs a newer reader (min_consumer ", vf.value,
                                                ")"));
             }
           }

@@ -1,8 +1,8 @@
 // dtrain ckpt ls|inspect|verify|diff|convert: tools for TensorFlow-format checkpoints (TensorBundle
 // V2, dtrain's or TensorFlow's) and Keras .h5 files, in the spirit of tf.train.list_variables and
-// TF's inspect_checkpoint (docs/checkpoint-cli.md). Single-threaded.
-#include <sys/stat.h>
-
+// TF's inspect_checkpoint (docs/checkpoint-cli.md). Flags and printing only: what is checked and
+// converted lives in dtrain/checkpoint/verify.h and dtrain/train/convert_checkpoint.h.
+// Single-threaded.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <charconv>
@@ -19,16 +19,12 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/checkpoint_state.h"
-#include "checkpoint/object_graph.h"
 #include "commands.h"
-#include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/keras_h5.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
+#include "dtrain/checkpoint/verify.h"
 #include "dtrain/core/error.h"
-#include "dtrain/core/file.h"
-#include "dtrain/nn/model.h"
-#include "dtrain/train/saving.h"
+#include "dtrain/train/convert_checkpoint.h"
 
 namespace dtrain::cli {
 namespace {
@@ -36,63 +32,13 @@ namespace {
 namespace fs = std::filesystem;
 using checkpoint::BundleEntry;
 using checkpoint::BundleReader;
+using checkpoint::CheckpointInfo;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-// "ckpt-12" → 12; nullopt when the name does not end in "-<digits>".
-std::optional<int64_t> number_suffix(const std::string& prefix) {
-  const size_t dash = prefix.find_last_of('-');
-  if (dash == std::string::npos || dash + 1 == prefix.size()) return std::nullopt;
-  int64_t n = 0;
-  const char* b = prefix.data() + dash + 1;
-  const char* e = prefix.data() + prefix.size();
-  const auto r = std::from_chars(b, e, n);
-  if (r.ec != std::errc() || r.ptr != e) return std::nullopt;
-  return n;
-}
-
-// A checkpoint prefix from what a user may type: the prefix itself, its `.index` or a data
-// file, or a directory (its newest committed checkpoint, as tf.train.list_variables does).
-std::string resolve_prefix(const std::string& arg) {
-  std::error_code ec;
-  if (fs::is_directory(arg, ec)) {
-    if (auto latest = checkpoint::latest_checkpoint(arg)) return *latest;
-    throw NotFoundError(str_cat("no committed checkpoint in directory ", arg,
-                                " (no 'checkpoint' state file naming an existing .index)"));
-  }
-  if (ends_with(arg, ".index")) return arg.substr(0, arg.size() - 6);
-  const size_t data = arg.rfind(".data-");
-  if (data != std::string::npos && arg.find("-of-", data) != std::string::npos) {
-    return arg.substr(0, data);
-  }
-  return arg;
-}
-
 bool is_h5(const std::string& path) {
   return checkpoint::is_keras_h5_path(path) || checkpoint::is_hdf5_file(path);
-}
-
-// Total size of `<prefix>.index` and its data shards; 0 for files that are missing.
-uint64_t checkpoint_bytes(const std::string& prefix) {
-  std::error_code ec;
-  uint64_t total = 0;
-  const fs::path p(prefix);
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  const std::string base = p.filename().string();
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name == base + ".index" ||
-        (name.rfind(base + ".data-", 0) == 0 && name.find(".tmp.") == std::string::npos)) {
-      const auto size = entry.file_size(ec);
-      if (!ec) total += size;
-    }
-  }
-  return total;
 }
 
 std::string human_bytes(uint64_t n) {
@@ -116,12 +62,6 @@ std::string utc_time(double unix_seconds) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
-}
-
-double mtime_seconds(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return 0;
-  return static_cast<double>(st.st_mtim.tv_sec) + st.st_mtim.tv_nsec * 1e-9;
 }
 
 float half_to_float(uint16_t h) {
@@ -262,44 +202,6 @@ std::string format_strings(const std::vector<std::string>& values, std::string_v
 
 std::string dtype_string(DType d) { return d == DType::kString ? "string" : dtype_name(d); }
 
-// Reads (and so CRC-verifies) one tensor of any dtype; the object graph is also parsed.
-void verify_tensor(const BundleReader& reader, const std::string& key) {
-  const BundleEntry& e = reader.entry(key);
-  if (e.dtype == DType::kString) {
-    const std::vector<std::string> values = reader.read_strings(key);
-    if (key == checkpoint::kObjectGraphKey && values.size() == 1) {
-      checkpoint::ObjectGraph::parse(values[0], checkpoint::index_filename(reader.prefix()));
-    }
-  } else {
-    reader.read(key);
-  }
-}
-
-struct VerifyResult {
-  size_t tensors = 0;
-  uint64_t bytes = 0;
-  std::vector<std::string> errors;  // one per corrupt tensor (DataLossError messages)
-};
-
-// Opens the bundle and reads every tensor. DataLossError from the index propagates; per-tensor
-// data losses are collected so that every corrupt tensor is named.
-VerifyResult verify_bundle(const std::string& prefix) {
-  BundleReader reader(prefix);
-  VerifyResult r;
-  for (const std::string& key : reader.keys()) {
-    const BundleEntry& e = reader.entry(key);
-    if (e.partitioned) continue;  // slices: nothing dtrain can check
-    try {
-      verify_tensor(reader, key);
-      ++r.tensors;
-      r.bytes += static_cast<uint64_t>(e.size);
-    } catch (const DataLossError& err) {
-      r.errors.push_back(err.what());
-    }
-  }
-  return r;
-}
-
 // ---------------------------------------------------------------------------------------------
 // ls
 
@@ -309,98 +211,13 @@ struct LsFlags {
   bool json = false;
 };
 
-struct LsRow {
-  std::string prefix;
-  std::optional<int64_t> step;
-  double time = 0;
-  uint64_t bytes = 0;
-  bool committed = false;
-  bool newest = false;
-  std::string status;  // "valid", "corrupt", "missing", "unchecked"
-  std::string detail;  // why it is corrupt or missing
-};
-
 int run_ls(const LsFlags& f) {
-  std::error_code ec;
-  if (!fs::is_directory(f.dir, ec)) {
-    if (!fs::exists(f.dir, ec)) throw NotFoundError(str_cat("ckpt ls: no such directory ", f.dir));
-    throw InvalidArgumentError(str_cat("ckpt ls: ", f.dir, " is not a directory"));
-  }
-  std::optional<checkpoint::CheckpointState> state;
-  std::string state_problem;
-  try {
-    state = checkpoint::read_checkpoint_state(f.dir);
-  } catch (const DataLossError& e) {
-    state_problem = e.what();
-  }
-  std::map<std::string, LsRow> rows;  // by file name
-  auto row_for = [&](const std::string& prefix) -> LsRow& {
-    const std::string name = fs::path(prefix).filename().string();
-    LsRow& r = rows[name];
-    if (r.prefix.empty()) r.prefix = (fs::path(f.dir) / name).string();
-    return r;
-  };
-  for (const auto& entry : fs::directory_iterator(f.dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (ends_with(name, ".index") && name.find(".tmp.") == std::string::npos) {
-      row_for(name.substr(0, name.size() - 6));
-    }
-  }
-  if (ec) throw_file_error(ec.value(), "list directory", f.dir);
-  if (state) {
-    const auto& paths = state->all_model_checkpoint_paths;
-    for (size_t i = 0; i < paths.size(); ++i) {
-      LsRow& r = row_for(paths[i]);
-      r.committed = true;
-      if (i < state->all_model_checkpoint_timestamps.size()) {
-        r.time = state->all_model_checkpoint_timestamps[i];
-      }
-    }
-    if (!state->model_checkpoint_path.empty()) {
-      LsRow& r = row_for(state->model_checkpoint_path);
-      r.committed = true;
-      r.newest = true;
-    }
-  }
-  std::vector<LsRow> sorted;
-  for (auto& [name, r] : rows) {
-    r.step = number_suffix(name);
-    const std::string index = checkpoint::index_filename(r.prefix);
-    if (!fs::exists(index, ec)) {
-      r.status = "missing";
-      r.detail = str_cat("named by the state file but ", index, " does not exist");
-    } else {
-      if (r.time == 0) r.time = mtime_seconds(index);
-      r.bytes = checkpoint_bytes(r.prefix);
-      try {
-        if (f.quick) {
-          BundleReader reader(r.prefix);  // index checksums and data file sizes only
-          r.status = "unchecked";
-        } else {
-          const VerifyResult v = verify_bundle(r.prefix);
-          r.status = v.errors.empty() ? "valid" : "corrupt";
-          if (!v.errors.empty()) r.detail = v.errors.front();
-          if (v.errors.size() > 1) r.detail += str_cat(" (and ", v.errors.size() - 1, " more)");
-        }
-      } catch (const DataLossError& e) {
-        r.status = "corrupt";
-        r.detail = e.what();
-      } catch (const Error& e) {
-        r.status = "unreadable";
-        r.detail = e.what();
-      }
-    }
-    sorted.push_back(r);
-  }
-  std::sort(sorted.begin(), sorted.end(), [](const LsRow& a, const LsRow& b) {
-    if (a.step.has_value() != b.step.has_value()) return a.step.has_value();
-    if (a.step && *a.step != *b.step) return *a.step < *b.step;
-    return a.prefix < b.prefix;
-  });
-
+  const checkpoint::CheckpointListing listing =
+      checkpoint::list_checkpoints(f.dir, {.quick = f.quick});
+  const std::vector<CheckpointInfo>& sorted = listing.checkpoints;
   if (f.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const LsRow& r : sorted) {
+    for (const CheckpointInfo& r : sorted) {
       nlohmann::json j = {{"prefix", r.prefix},       {"time", r.time},     {"bytes", r.bytes},
                           {"committed", r.committed}, {"newest", r.newest}, {"status", r.status}};
       j["step"] = r.step ? nlohmann::json(*r.step) : nlohmann::json(nullptr);
@@ -409,16 +226,19 @@ int run_ls(const LsFlags& f) {
     }
     std::cout << out.dump(2) << "\n";
   } else {
-    if (!state_problem.empty()) std::cout << "warning: " << state_problem << "\n";
+    if (!listing.state_problem.empty()) {
+      std::cout << "warning: " << listing.state_problem << "\n";
+    }
     if (sorted.empty()) {
       std::cout << "no checkpoints in " << f.dir << "\n";
       return 0;
     }
     size_t w = 10;
-    for (const LsRow& r : sorted) w = std::max(w, fs::path(r.prefix).filename().string().size());
+    for (const CheckpointInfo& r : sorted)
+      w = std::max(w, fs::path(r.prefix).filename().string().size());
     std::printf("%-*s  %8s  %-20s  %10s  %-9s  %s\n", static_cast<int>(w), "checkpoint", "step",
                 "time (UTC)", "size", "committed", "status");
-    for (const LsRow& r : sorted) {
+    for (const CheckpointInfo& r : sorted) {
       const std::string name = fs::path(r.prefix).filename().string();
       const std::string step = r.step ? std::to_string(*r.step) : "-";
       const std::string committed = r.newest ? "newest" : (r.committed ? "yes" : "no");
@@ -487,7 +307,7 @@ int inspect_h5(const InspectFlags& f) {
 
 int run_inspect(const InspectFlags& f) {
   if (is_h5(f.path)) return inspect_h5(f);
-  const std::string prefix = resolve_prefix(f.path);
+  const std::string prefix = checkpoint::resolve_prefix(f.path);
   BundleReader reader(prefix);
   std::vector<std::string> keys = reader.keys();
   for (const std::string& k : f.keys) {
@@ -532,15 +352,13 @@ int run_inspect(const InspectFlags& f) {
 
 int run_verify(const std::string& path) {
   if (is_h5(path)) {
-    const checkpoint::KerasH5Contents c = checkpoint::read_keras_h5(path);  // DataLossError
-    size_t n = c.top_level_weights.size() + c.optimizer_weights.size();
-    for (const auto& l : c.layers) n += l.weights.size();
+    const size_t n = checkpoint::verify_keras_h5(path);  // DataLossError
     std::printf("OK %s: %zu weights readable (HDF5 files carry no per-tensor checksums)\n",
                 path.c_str(), n);
     return 0;
   }
-  const std::string prefix = resolve_prefix(path);
-  const VerifyResult r = verify_bundle(prefix);
+  const std::string prefix = checkpoint::resolve_prefix(path);
+  const checkpoint::BundleVerification r = checkpoint::verify_bundle(prefix);
   if (!r.errors.empty()) {
     std::string msg = r.errors.front();
     if (r.errors.size() > 1) {
@@ -565,7 +383,7 @@ struct DiffFlags {
 };
 
 int run_diff(const DiffFlags& f) {
-  const std::string pa = resolve_prefix(f.a), pb = resolve_prefix(f.b);
+  const std::string pa = checkpoint::resolve_prefix(f.a), pb = checkpoint::resolve_prefix(f.b);
   BundleReader ra(pa), rb(pb);
   const std::vector<std::string> ka = ra.keys(), kb = rb.keys();
   const std::set<std::string> sa(ka.begin(), ka.end()), sb(kb.begin(), kb.end());
@@ -650,119 +468,20 @@ int run_diff(const DiffFlags& f) {
 
 struct ConvertFlags {
   std::string src, dst;
-  std::string model;  // model.json or an .h5 with model_config: the architecture
-  bool skip_optimizer = false;
+  train::ConvertCheckpointOptions options;
 };
 
-// The architecture from --model: Keras model JSON, or an .h5 written by model.save (compiled
-// when `compile`, with its optimizer).
-std::unique_ptr<nn::Model> model_from_flag(const std::string& path, bool compile) {
-  if (is_h5(path)) return train::load_model(path, {.compile = compile});
-  std::unique_ptr<nn::Model> model = nn::model_from_json(read_file(path));
-  if (!model->built()) {
-    throw InvalidArgumentError(str_cat("ckpt convert: the model in ", path,
-                                       " declares no input shape (an InputLayer or "
-                                       "batch_input_shape), so its weights cannot be created"));
-  }
-  return model;
-}
-
-bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
-
-// .h5 → TF checkpoint: tf.train.Checkpoint(model=model, optimizer=optimizer).write(dst).
-int convert_h5_to_prefix(const ConvertFlags& f) {
-  const checkpoint::KerasH5Contents c = checkpoint::read_keras_h5(f.src);
-  std::unique_ptr<nn::Model> model;
-  if (c.weights_only || c.model_config.empty()) {
-    if (f.model.empty()) {
-      throw InvalidArgumentError(str_cat(
-          "ckpt convert: ", f.src,
-          " holds weights only (save_weights) and no architecture; pass --model model.json or "
-          "--model x.h5 to supply it"));
-    }
-    model = model_from_flag(f.model, /*compile=*/false);
-    train::load_weights(*model, f.src);
-  } else {
-    model = train::load_model(f.src, {.compile = !f.skip_optimizer});
-  }
-  std::vector<std::pair<std::string, checkpoint::Trackable>> children = {{"model", *model}};
-  optim::Optimizer* opt = model->compiled() ? model->optimizer() : nullptr;
-  if (opt != nullptr && !c.optimizer_weights.empty()) children.emplace_back("optimizer", *opt);
-  checkpoint::Checkpoint ckpt(children);
-  ckpt.write(f.dst);
-  std::printf("wrote %s: %zu tensors (model%s) from %s\n", f.dst.c_str(), ckpt.keys().size(),
-              children.size() > 1 ? " and optimizer" : "", f.src.c_str());
-  return 0;
-}
-
-// TF checkpoint → .h5: restores the checkpoint into the --model architecture, then model.save.
-int convert_prefix_to_h5(const ConvertFlags& f) {
-  const std::string prefix = resolve_prefix(f.src);
-  if (f.model.empty()) {
-    throw InvalidArgumentError(str_cat(
-        "ckpt convert: writing ", f.dst, " needs the model's architecture, which a TF checkpoint ",
-        "does not hold; pass --model model.json or --model x.h5 (written by model.save)"));
-  }
-  std::vector<std::string> keys;
-  {
-    BundleReader reader(prefix);  // NotFoundError / DataLossError before building anything
-    keys = reader.keys();
-  }
-  auto has_prefix = [&](std::string_view p) {
-    return std::any_of(keys.begin(), keys.end(),
-                       [&](const std::string& k) { return starts_with(k, p); });
-  };
-  // tf.train.Checkpoint(model=..., optimizer=...) puts the model under "model/"; Keras's
-  // save_weights(prefix) makes the model the root.
-  const bool model_child = has_prefix("model/");
-  const bool has_optimizer = model_child && has_prefix("optimizer/") && !f.skip_optimizer;
-  std::unique_ptr<nn::Model> model = model_from_flag(f.model, /*compile=*/has_optimizer);
-  optim::Optimizer* opt = has_optimizer && model->compiled() ? model->optimizer() : nullptr;
-  std::unique_ptr<checkpoint::Checkpoint> ckpt;
-  if (model_child) {
-    std::vector<std::pair<std::string, checkpoint::Trackable>> children = {{"model", *model}};
-    if (opt != nullptr) children.emplace_back("optimizer", *opt);
-    ckpt = std::make_unique<checkpoint::Checkpoint>(children);
-  } else {
-    ckpt = std::make_unique<checkpoint::Checkpoint>(checkpoint::Trackable(*model));
-  }
-  const checkpoint::CheckpointLoadStatus status = ckpt->restore(prefix);
-  status.expect_partial();
-  std::vector<std::string> missing_model, missing_optimizer;
-  for (const std::string& k : status.missing_keys()) {
-    const bool optimizer_key =
-        starts_with(k, "optimizer/") || k.find("/.OPTIMIZER_SLOT/") != std::string::npos;
-    (optimizer_key ? missing_optimizer : missing_model).push_back(k);
-  }
-  if (!missing_model.empty()) {
-    throw InvalidArgumentError(
-        str_cat("ckpt convert: ", prefix, " has no value for '", missing_model.front(), "'",
-                missing_model.size() > 1 ? str_cat(" and ", missing_model.size() - 1, " more") : "",
-                " of the model in ", f.model, ": the architecture does not match the checkpoint"));
-  }
-  bool include_optimizer = opt != nullptr;
-  if (include_optimizer && !missing_optimizer.empty()) {
-    std::fprintf(stderr,
-                 "warning: ckpt convert: %s lacks '%s' of the optimizer from %s; writing %s "
-                 "without optimizer state\n",
-                 prefix.c_str(), missing_optimizer.front().c_str(), f.model.c_str(), f.dst.c_str());
-    include_optimizer = false;
-  }
-  train::save_model(*model, f.dst, {.include_optimizer = include_optimizer});
-  std::printf("wrote %s: model%s from %s (%zu values restored)\n", f.dst.c_str(),
-              include_optimizer ? " and optimizer" : "", prefix.c_str(), status.restored_count());
-  return 0;
-}
-
 int run_convert(const ConvertFlags& f) {
-  const bool src_h5 = is_h5(f.src);
-  const bool dst_h5 = checkpoint::is_keras_h5_path(f.dst);
-  if (src_h5 == dst_h5) {
-    throw InvalidArgumentError(str_cat(
-        "ckpt convert: converts between an .h5 file and a TF checkpoint prefix; got ", f.src,
-        " and ", f.dst, src_h5 ? " (both .h5)" : " (neither ends in .h5, .hdf5 or .keras)"));
+  const train::ConvertCheckpointResult r = train::convert_checkpoint(f.src, f.dst, f.options);
+  for (const std::string& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  if (checkpoint::is_keras_h5_path(f.dst)) {
+    std::printf("wrote %s: model%s from %s (%zu values restored)\n", r.destination.c_str(),
+                r.optimizer ? " and optimizer" : "", r.source.c_str(), r.restored);
+  } else {
+    std::printf("wrote %s: %zu tensors (model%s) from %s\n", r.destination.c_str(), r.tensors,
+                r.optimizer ? " and optimizer" : "", r.source.c_str());
   }
-  return src_h5 ? convert_h5_to_prefix(f) : convert_prefix_to_h5(f);
+  return 0;
 }
 
 }  // namespace
@@ -822,11 +541,14 @@ void add_ckpt_command(CLI::App& app, std::function<int()>& run) {
       ->required();
   convert_cmd->add_option("dst", convert->dst, "A checkpoint prefix, or x.h5")->required();
   convert_cmd->add_option(
-      "--model", convert->model,
+      "--model", convert->options.model,
       "The architecture: Keras model JSON or an .h5 written by model.save (needed to write .h5 "
       "and to read a weights-only .h5)");
-  convert_cmd->add_flag("--skip-optimizer", convert->skip_optimizer,
+  convert_cmd->add_flag("--skip-optimizer", convert->options.skip_optimizer,
                         "Convert the model's weights only");
+  convert_cmd->add_flag(
+      "--overwrite", convert->options.overwrite,
+      "Replace DST when it is an existing checkpoint or file (refused otherwise)");
   convert_cmd->callback([convert, &run] { run = [convert] { return run_convert(*convert); }; });
 }
 

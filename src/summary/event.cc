@@ -6,28 +6,29 @@
 #include <cmath>
 #include <cstring>
 
-#include "summary/wire.h"
+#include "dtrain/core/error.h"
+#include "dtrain/core/proto_wire.h"
 
 namespace dtrain::summary {
 namespace {
 
 using wire::Field;
-using wire::Parser;
+using wire::Reader;
 
 // Field numbers (tensorboard/compat/proto/*.proto).
 namespace event_field {
-constexpr uint32_t kWallTime = 1, kStep = 2, kFileVersion = 3, kGraphDef = 4, kSummary = 5,
-                   kLogMessage = 6, kSessionLog = 7, kTaggedRunMetadata = 8, kMetaGraphDef = 9,
-                   kSourceMetadata = 10;
+constexpr int kWallTime = 1, kStep = 2, kFileVersion = 3, kGraphDef = 4, kSummary = 5,
+              kLogMessage = 6, kSessionLog = 7, kTaggedRunMetadata = 8, kMetaGraphDef = 9,
+              kSourceMetadata = 10;
 }
 namespace value_field {
-constexpr uint32_t kTag = 1, kSimpleValue = 2, kObsoleteHisto = 3, kImage = 4, kHisto = 5,
-                   kAudio = 6, kNodeName = 7, kTensor = 8, kMetadata = 9;
+constexpr int kTag = 1, kSimpleValue = 2, kObsoleteHisto = 3, kImage = 4, kHisto = 5, kAudio = 6,
+              kNodeName = 7, kTensor = 8, kMetadata = 9;
 }
 namespace tensor_field {
-constexpr uint32_t kDtype = 1, kShape = 2, kContent = 4, kHalfVal = 13, kFloatVal = 5,
-                   kDoubleVal = 6, kIntVal = 7, kStringVal = 8, kInt64Val = 10, kBoolVal = 11,
-                   kUint32Val = 16, kUint64Val = 17;
+constexpr int kDtype = 1, kShape = 2, kContent = 4, kHalfVal = 13, kFloatVal = 5, kDoubleVal = 6,
+              kIntVal = 7, kStringVal = 8, kInt64Val = 10, kBoolVal = 11, kUint32Val = 16,
+              kUint64Val = 17;
 }
 
 constexpr int64_t kMaxDecodedElements = int64_t{1} << 26;
@@ -202,7 +203,7 @@ void read_repeated(const Field& f, DType dtype, std::vector<double>& out) {
     else if (fixed64)
       out.push_back(f.as_double());
     else
-      out.push_back(from_varint(dtype, f.number_value));
+      out.push_back(from_varint(dtype, f.value));
     return;
   }
   std::string_view b = f.bytes;
@@ -222,7 +223,7 @@ void read_repeated(const Field& f, DType dtype, std::vector<double>& out) {
     }
     return;
   }
-  Parser p(b, "TensorProto packed");
+  Reader p(b, "TensorProto packed");
   while (!p.done()) out.push_back(from_varint(dtype, p.varint()));
 }
 
@@ -288,26 +289,26 @@ void decode_content(DType dtype, std::string_view c, std::vector<double>& out) {
 
 void decode_tensor(std::string_view bytes, SummaryValue& v) {
   v.kind = ValueKind::kTensor;
-  Parser p(bytes, "TensorProto");
+  Reader p(bytes, "TensorProto");
   std::string_view content;
   bool has_content = false;
   std::vector<Field> vals;
-  while (!p.done()) {
-    const Field f = p.next();
+  Field f;
+  while (p.next(f)) {
     switch (f.number) {
       case tensor_field::kDtype:
-        v.dtype = static_cast<DType>(f.number_value);
+        v.dtype = static_cast<DType>(f.value);
         break;
       case tensor_field::kShape: {
-        Parser sp(f.bytes, "TensorShapeProto");
-        while (!sp.done()) {
-          const Field d = sp.next();
+        Reader sp(f.bytes, "TensorShapeProto");
+        Field d;
+        while (sp.next(d)) {
           if (d.number != 2 || d.type != wire::kLengthDelimited) continue;
-          Parser dp(d.bytes, "TensorShapeProto.Dim");
+          Reader dp(d.bytes, "TensorShapeProto.Dim");
           int64_t size = 0;
-          while (!dp.done()) {
-            const Field s = dp.next();
-            if (s.number == 1) size = static_cast<int64_t>(s.number_value);
+          Field s;
+          while (dp.next(s)) {
+            if (s.number == 1) size = static_cast<int64_t>(s.value);
           }
           v.shape.push_back(size);
         }
@@ -351,14 +352,14 @@ void decode_tensor(std::string_view bytes, SummaryValue& v) {
 
 SummaryMetadata decode_metadata(std::string_view bytes) {
   SummaryMetadata m;
-  Parser p(bytes, "SummaryMetadata");
-  while (!p.done()) {
-    const Field f = p.next();
+  Reader p(bytes, "SummaryMetadata");
+  Field f;
+  while (p.next(f)) {
     switch (f.number) {
       case 1: {
-        Parser pp(f.bytes, "SummaryMetadata.PluginData");
-        while (!pp.done()) {
-          const Field g = pp.next();
+        Reader pp(f.bytes, "SummaryMetadata.PluginData");
+        Field g;
+        while (pp.next(g)) {
           if (g.number == 1) m.plugin_name = g.bytes;
           if (g.number == 2) m.plugin_content = g.bytes;
         }
@@ -371,7 +372,7 @@ SummaryMetadata decode_metadata(std::string_view bytes) {
         m.description = f.bytes;
         break;
       case 4:
-        m.data_class = static_cast<DataClass>(f.number_value);
+        m.data_class = static_cast<DataClass>(f.value);
         break;
       default:
         break;
@@ -382,9 +383,9 @@ SummaryMetadata decode_metadata(std::string_view bytes) {
 
 SummaryValue decode_value(std::string_view bytes) {
   SummaryValue v;
-  Parser p(bytes, "Summary.Value");
-  while (!p.done()) {
-    const Field f = p.next();
+  Reader p(bytes, "Summary.Value");
+  Field f;
+  while (p.next(f)) {
     switch (f.number) {
       case value_field::kTag:
         v.tag = f.bytes;
@@ -493,9 +494,9 @@ std::string encode_event(const Event& e) {
 
 Event decode_event(std::string_view bytes) {
   Event e;
-  Parser p(bytes, "Event");
-  while (!p.done()) {
-    const Field f = p.next();
+  Reader p(bytes, "Event");
+  Field f;
+  while (p.next(f)) {
     const bool bytes_field = f.type == wire::kLengthDelimited;
     switch (f.number) {
       case event_field::kWallTime:
@@ -503,7 +504,7 @@ Event decode_event(std::string_view bytes) {
         e.wall_time = f.as_double();
         break;
       case event_field::kStep:
-        e.step = static_cast<int64_t>(f.number_value);
+        e.step = static_cast<int64_t>(f.value);
         break;
       case event_field::kFileVersion:
         if (!bytes_field) p.fail("file_version is not a string");
@@ -519,9 +520,9 @@ Event decode_event(std::string_view bytes) {
       case event_field::kSummary: {
         if (!bytes_field) p.fail("summary is not a message");
         e.kind = EventKind::kSummary;
-        Parser sp(f.bytes, "Summary");
-        while (!sp.done()) {
-          const Field v = sp.next();
+        Reader sp(f.bytes, "Summary");
+        Field v;
+        while (sp.next(v)) {
           if (v.number == 1 && v.type == wire::kLengthDelimited)
             e.values.push_back(decode_value(v.bytes));
         }
@@ -529,20 +530,20 @@ Event decode_event(std::string_view bytes) {
       }
       case event_field::kLogMessage: {
         e.kind = EventKind::kLogMessage;
-        Parser lp(f.bytes, "LogMessage");
-        while (!lp.done()) {
-          const Field g = lp.next();
-          if (g.number == 1) e.log_level = static_cast<int32_t>(g.number_value);
+        Reader lp(f.bytes, "LogMessage");
+        Field g;
+        while (lp.next(g)) {
+          if (g.number == 1) e.log_level = static_cast<int32_t>(g.value);
           if (g.number == 2) e.message = g.bytes;
         }
         break;
       }
       case event_field::kSessionLog: {
         e.kind = EventKind::kSessionLog;
-        Parser lp(f.bytes, "SessionLog");
-        while (!lp.done()) {
-          const Field g = lp.next();
-          if (g.number == 1) e.session_status = static_cast<SessionStatus>(g.number_value);
+        Reader lp(f.bytes, "SessionLog");
+        Field g;
+        while (lp.next(g)) {
+          if (g.number == 1) e.session_status = static_cast<SessionStatus>(g.value);
           if (g.number == 2) e.checkpoint_path = g.bytes;
           if (g.number == 3) e.message = g.bytes;
         }
@@ -550,18 +551,18 @@ Event decode_event(std::string_view bytes) {
       }
       case event_field::kTaggedRunMetadata: {
         e.kind = EventKind::kTaggedRunMetadata;
-        Parser lp(f.bytes, "TaggedRunMetadata");
-        while (!lp.done()) {
-          const Field g = lp.next();
+        Reader lp(f.bytes, "TaggedRunMetadata");
+        Field g;
+        while (lp.next(g)) {
           if (g.number == 1) e.tag = g.bytes;
           if (g.number == 2) e.blob = g.bytes;
         }
         break;
       }
       case event_field::kSourceMetadata: {
-        Parser sp(f.bytes, "SourceMetadata");
-        while (!sp.done()) {
-          const Field g = sp.next();
+        Reader sp(f.bytes, "SourceMetadata");
+        Field g;
+        while (sp.next(g)) {
           if (g.number == 1) e.source_writer = g.bytes;
         }
         break;

@@ -1,8 +1,8 @@
 // `dtrain ckpt` run as a user would: inspect lists TensorFlow's fixtures (keys, dtypes, shapes,
 // values), ls marks a corrupted checkpoint of a directory written here, verify exits with the
 // DATA_LOSS code naming the tensor, diff reports changed and missing tensors, convert
-// round-trips the Keras .h5 fixture through a TF checkpoint and refuses to write .h5 without an
-// architecture.
+// round-trips the Keras .h5 fixture through a TF checkpoint, refuses to write .h5 without an
+// architecture and refuses to overwrite an existing checkpoint or .h5 without --overwrite.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -65,6 +66,11 @@ class CkptCliTest : public ::testing::Test {
     c = static_cast<char>(c ^ 0x5a);
     f.seekp(offset);
     f.write(&c, 1);
+  }
+
+  static std::string read_bytes(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   }
 
   std::string dir_;
@@ -202,6 +208,62 @@ TEST_F(CkptCliTest, ConvertRejectsTwoCheckpointPrefixes) {
   const Result r = run("ckpt convert " + kLso + " " + dir_ + "/x");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(contains(r.output, "between an .h5 file and a TF checkpoint prefix")) << r.output;
+}
+
+// Issue 11: `ckpt convert x.h5 CK/backup-3` replaced a committed checkpoint of a manager's
+// directory without a word. Now it is FAILED_PRECONDITION (exit 8) naming the path and the flag,
+// and nothing is written; --overwrite replaces it.
+TEST_F(CkptCliTest, ConvertRefusesToOverwriteACommittedCheckpoint) {
+  write_checkpoints();
+  const std::string target = dir_ + "/run/ckpt-3";
+  const std::string index_before = read_bytes(checkpoint::index_filename(target));
+  const std::string data_before = read_bytes(checkpoint::data_filename(target, 0, 1));
+  const std::string state_before = read_bytes(dir_ + "/run/checkpoint");
+  ASSERT_FALSE(index_before.empty());
+
+  const Result r = run("ckpt convert " + kMnistH5 + " " + target);
+  EXPECT_EQ(r.code, 8) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtrain: error: FAILED_PRECONDITION")) << r.output;
+  EXPECT_TRUE(contains(r.output, target)) << r.output;
+  EXPECT_TRUE(contains(r.output, "pass --overwrite")) << r.output;
+  EXPECT_TRUE(read_bytes(checkpoint::index_filename(target)) == index_before) << "index changed";
+  EXPECT_TRUE(read_bytes(checkpoint::data_filename(target, 0, 1)) == data_before)
+      << "data file changed";
+  EXPECT_TRUE(read_bytes(dir_ + "/run/checkpoint") == state_before) << "state file changed";
+
+  // Named by the state file but with its index gone (a damaged committed checkpoint): refused
+  // too, so nothing written there can pass for the committed one.
+  fs::remove(checkpoint::index_filename(dir_ + "/run/ckpt-2"));
+  const Result named = run("ckpt convert " + kMnistH5 + " " + dir_ + "/run/ckpt-2");
+  EXPECT_EQ(named.code, 8) << named.output;
+  EXPECT_TRUE(contains(named.output, dir_ + "/run/ckpt-2")) << named.output;
+  EXPECT_FALSE(fs::exists(checkpoint::index_filename(dir_ + "/run/ckpt-2")));
+
+  // Asked for, it replaces it.
+  const Result o = run("ckpt convert --overwrite " + kMnistH5 + " " + target);
+  ASSERT_EQ(o.code, 0) << o.output;
+  const Result keys = run("ckpt inspect " + target);
+  EXPECT_TRUE(contains(keys.output, "model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE"))
+      << keys.output;
+  // A new prefix needs no flag.
+  EXPECT_EQ(run("ckpt convert " + kMnistH5 + " " + dir_ + "/run/other").code, 0);
+}
+
+TEST_F(CkptCliTest, ConvertRefusesToOverwriteAnExistingH5) {
+  const std::string prefix = dir_ + "/mnist";
+  ASSERT_EQ(run("ckpt convert " + kMnistH5 + " " + prefix).code, 0);
+  const std::string h5 = dir_ + "/existing.h5";
+  fs::copy_file(kMnistH5, h5);
+  const std::string before = read_bytes(h5);
+  const Result r = run("ckpt convert " + prefix + " " + h5 + " --model " + kMnistH5);
+  EXPECT_EQ(r.code, 8) << r.output;
+  EXPECT_TRUE(contains(r.output, h5 + " already exists; pass --overwrite")) << r.output;
+  EXPECT_TRUE(read_bytes(h5) == before) << h5 << " changed";
+  const Result o =
+      run("ckpt convert " + prefix + " " + h5 + " --model " + kMnistH5 + " --overwrite");
+  ASSERT_EQ(o.code, 0) << o.output;
+  EXPECT_TRUE(contains(o.output, "wrote " + h5)) << o.output;
+  EXPECT_EQ(run("ckpt verify " + h5).code, 0);
 }
 
 }  // namespace

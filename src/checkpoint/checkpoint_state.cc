@@ -202,9 +202,9 @@ bool inside_directory(const std::string& dir, const std::string& prefix) {
 
 namespace {
 
-// Warns once per process about each distinct set of ignored entries of a state file (it is
-// read on every save and restore).
-void warn_ignored_once(const std::string& path, const std::string& dir,
+// Warns once per process about each distinct content `text` of a state file with ignored
+// entries (it is read on every save and restore).
+void warn_ignored_once(const std::string& path, const std::string& dir, const std::string& text,
                        const std::vector<std::string>& ignored) {
   std::string message = str_cat("checkpoint state file ", path, " names ", ignored.size(),
                                 ignored.size() == 1 ? " entry" : " entries", " outside ",
@@ -215,7 +215,7 @@ void warn_ignored_once(const std::string& path, const std::string& dir,
   static std::set<std::string> warned;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!warned.insert(message).second) return;
+    if (!warned.insert(str_cat(path, "\n", text)).second) return;
   }
   warn(message);
 }
@@ -261,7 +261,7 @@ std::optional<CheckpointState> read_checkpoint_state(const std::string& dir) {
       s.model_checkpoint_path = s.all_model_checkpoint_paths.back();
     }
   }
-  if (!s.ignored_paths.empty()) warn_ignored_once(path, dir, s.ignored_paths);
+  if (!s.ignored_paths.empty()) warn_ignored_once(path, dir, text, s.ignored_paths);
   return s;
 }
 

@@ -3,13 +3,17 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <utility>
 #include <vector>
 
+#include "checkpoint_scan.h"
 #include "checkpoint_state.h"
+#include "directory_lock.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
@@ -29,16 +33,18 @@ bool same_path(const std::string& a, const std::string& b) {
   return fs::path(a).lexically_normal() == fs::path(b).lexically_normal();
 }
 
-// Deletes a checkpoint's index first (which makes it disappear), then its data shards.
+// Deletes a checkpoint's index first (which makes it disappear), then its data shards; only
+// regular files (a symlink or directory under a checkpoint's name is not something we wrote).
 void remove_checkpoint_files(const std::string& prefix) {
   std::error_code ec;
-  fs::remove(index_filename(prefix), ec);
+  if (detail::is_regular_file(index_filename(prefix))) fs::remove(index_filename(prefix), ec);
   const fs::path p(prefix);
   const std::string stem = p.filename().string() + ".data-";
   const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.compare(0, stem.size(), stem) == 0 && name.find(".tmp.") == std::string::npos) {
+    if (name.compare(0, stem.size(), stem) == 0 && name.find(".tmp.") == std::string::npos &&
+        detail::is_regular_file(e.path().string())) {
       fs::remove(e.path(), ec);
     }
   }
@@ -69,6 +75,10 @@ CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directo
     : checkpoint_(checkpoint), directory_(std::move(directory)), options_(std::move(options)) {
   DTRAIN_CHECK(!directory_.empty(), "CheckpointManager: empty directory");
   DTRAIN_CHECK(!options_.checkpoint_name.empty(), "CheckpointManager: empty checkpoint_name");
+  DTRAIN_CHECK(options_.checkpoint_name.find('/') == std::string::npos &&
+                   options_.checkpoint_name != "." && options_.checkpoint_name != "..",
+               "CheckpointManager: checkpoint_name must be a file name inside the directory, got '",
+               options_.checkpoint_name, "'");
   DTRAIN_CHECK(!options_.max_to_keep || *options_.max_to_keep > 0,
                "CheckpointManager: max_to_keep must be positive or nullopt (keep all), got ",
                options_.max_to_keep.value_or(0));
@@ -78,6 +88,7 @@ CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directo
   std::error_code ec;
   fs::create_directories(directory_, ec);
   if (ec) throw_file_error(ec.value(), "create directory", directory_);
+  lock_ = std::make_unique<detail::DirectoryLock>(directory_);
   remove_stale_temporaries(directory_, options_.checkpoint_name);
   // Enough spares for the saves that can be written at once, plus the ones committing.
   if (options_.recycle_files) {
@@ -87,16 +98,34 @@ CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directo
 
   const double now = unix_now();
   last_preserved_timestamp_ = now;
-  if (const std::optional<CheckpointState> st = read_checkpoint_state(directory_)) {
-    const auto& paths = st->all_model_checkpoint_paths;
-    const auto& times = st->all_model_checkpoint_timestamps;
+  const detail::StateFileCheck check = detail::check_state_file(directory_);
+  if (check.problem.empty()) {
+    const CheckpointState& st = *check.state;
+    const auto& paths = st.all_model_checkpoint_paths;
+    const auto& times = st.all_model_checkpoint_timestamps;
     for (size_t i = 0; i < paths.size(); ++i) {
       maybe_delete_.emplace_back(paths[i], i < times.size() ? times[i] : now);
     }
-    if (!st->model_checkpoint_path.empty()) latest_ = st->model_checkpoint_path;
-    if (st->last_preserved_timestamp && *st->last_preserved_timestamp <= now) {
-      last_preserved_timestamp_ = *st->last_preserved_timestamp;
+    if (!st.model_checkpoint_path.empty()) latest_ = st.model_checkpoint_path;
+    if (st.last_preserved_timestamp && *st.last_preserved_timestamp <= now) {
+      last_preserved_timestamp_ = *st.last_preserved_timestamp;
     }
+    return;
+  }
+  // A damaged state file: track what the directory holds instead, as if the file listed the
+  // newest max_to_keep of them (older ones are left alone, like preserved checkpoints), so that
+  // retention continues and the next save writes a state file naming them again.
+  std::vector<detail::FoundCheckpoint> found =
+      detail::scan_checkpoints(directory_, options_.checkpoint_name);
+  if (options_.max_to_keep && found.size() > static_cast<size_t>(*options_.max_to_keep)) {
+    found.resize(static_cast<size_t>(*options_.max_to_keep));
+  }
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    maybe_delete_.emplace_back(it->prefix, std::min(it->mtime, now));
+  }
+  if (!found.empty()) latest_ = found.front().prefix;
+  if (!check.missing || !found.empty()) {
+    state_problem_ = str_cat("checkpoint state file ", check.path, " ", check.problem);
   }
 }
 
@@ -122,8 +151,19 @@ void CheckpointManager::write_state(const std::vector<std::pair<std::string, dou
   write_checkpoint_state(directory_, st, checkpoint_.options().sync_to_disk);
 }
 
+bool CheckpointManager::owns(const std::string& prefix) const {
+  return detail::own_checkpoint_number(directory_, options_.checkpoint_name, prefix).has_value();
+}
+
 void CheckpointManager::drop_checkpoint_files(const std::string& prefix) {
-  if (spares_) {
+  if (!owns(prefix)) {
+    warn(str_cat("CheckpointManager(", directory_, "): retention leaves ", prefix,
+                 " alone: it is not a ", options_.checkpoint_name, "-<N> checkpoint of ",
+                 directory_, " (only those are ever deleted)"));
+    return;
+  }
+  if (spares_ && detail::is_regular_file(index_filename(prefix)) &&
+      detail::is_regular_file(data_filename(prefix, 0, 1))) {
     spares_->retire(detail::SpareFiles::kIndex, index_filename(prefix));
     // Checkpoints written by dtrain have one data shard; others fall through to the scan.
     if (spares_->retire(detail::SpareFiles::kData, data_filename(prefix, 0, 1))) return;
@@ -179,6 +219,10 @@ void CheckpointManager::on_written(const std::vector<std::string>& paths, double
 std::optional<std::string> CheckpointManager::save(std::optional<int64_t> checkpoint_number,
                                                    bool check_interval) {
   checkpoint_.reserve_slot();  // a previous async save's error surfaces here
+  if (!state_problem_.empty()) {
+    warn(str_cat(std::exchange(state_problem_, {}), "; rewriting it with the next save, listing ",
+                 checkpoints().size(), " checkpoint(s) found in ", directory_));
+  }
   std::optional<int64_t> step;
   if (options_.step_counter && options_.checkpoint_interval > 0) {
     step = options_.step_counter();
@@ -239,7 +283,9 @@ std::vector<std::string> CheckpointManager::checkpoints() const {
 }
 
 std::optional<std::string> CheckpointManager::restore_or_initialize() {
-  std::optional<CheckpointLoadStatus> status = checkpoint_.restore_latest(directory_);
+  state_problem_.clear();  // restore_newest_checkpoint says what is wrong with the state file
+  std::optional<CheckpointLoadStatus> status =
+      restore_newest_checkpoint(checkpoint_, directory_, options_.checkpoint_name);
   if (!status) {
     if (options_.init_fn) options_.init_fn();
     return std::nullopt;

@@ -1,9 +1,12 @@
 // CheckpointState text format.
 #include "checkpoint_state.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <set>
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
@@ -180,6 +183,45 @@ std::string prefix_directory(const std::string& prefix) {
   return d.empty() ? "." : d;
 }
 
+bool inside_directory(const std::string& dir, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  const fs::path p = fs::path(prefix).lexically_normal();
+  const std::string name = p.filename().string();
+  if (name.empty() || name == "." || name == "..") return false;
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const fs::path d = dir.empty() ? fs::path(".") : fs::path(dir);
+  std::error_code ec;
+  if (fs::equivalent(parent, d, ec)) return true;
+  if (!ec) return false;  // both exist and differ
+  // One of them does not exist: compare what they would resolve to.
+  std::error_code ec1, ec2;
+  const fs::path a = fs::weakly_canonical(parent, ec1), b = fs::weakly_canonical(d, ec2);
+  if (ec1 || ec2) return parent.lexically_normal() == d.lexically_normal();
+  return a == b;
+}
+
+namespace {
+
+// Warns once per process about each distinct content `text` of a state file with ignored
+// entries (it is read on every save and restore).
+void warn_ignored_once(const std::string& path, const std::string& dir, const std::string& text,
+                       const std::vector<std::string>& ignored) {
+  std::string message = str_cat("checkpoint state file ", path, " names ", ignored.size(),
+                                ignored.size() == 1 ? " entry" : " entries", " outside ",
+                                dir.empty() ? "." : dir, ":");
+  for (size_t i = 0; i < ignored.size(); ++i) message += str_cat(i ? ", '" : " '", ignored[i], "'");
+  message += "; ignoring them (they are neither restored nor deleted)";
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!warned.insert(str_cat(path, "\n", text)).second) return;
+  }
+  warn(message);
+}
+
+}  // namespace
+
 std::optional<CheckpointState> read_checkpoint_state(const std::string& dir) {
   const std::string path = join_path(dir, std::string(kStateFilename));
   std::string text;
@@ -188,9 +230,38 @@ std::optional<CheckpointState> read_checkpoint_state(const std::string& dir) {
   } catch (const NotFoundError&) {
     return std::nullopt;
   }
-  CheckpointState s = parse_checkpoint_state(text, path);
-  s.model_checkpoint_path = join_path(dir, s.model_checkpoint_path);
-  for (auto& p : s.all_model_checkpoint_paths) p = join_path(dir, p);
+  const CheckpointState raw = parse_checkpoint_state(text, path);
+  CheckpointState s;
+  s.last_preserved_timestamp = raw.last_preserved_timestamp;
+  auto keep = [&](const std::string& entry) {
+    if (inside_directory(dir, join_path(dir, entry))) return true;
+    if (std::find(s.ignored_paths.begin(), s.ignored_paths.end(), entry) == s.ignored_paths.end())
+      s.ignored_paths.push_back(entry);
+    return false;
+  };
+  const auto& times = raw.all_model_checkpoint_timestamps;
+  const bool timed = times.size() == raw.all_model_checkpoint_paths.size();
+  bool dropped = false;
+  for (size_t i = 0; i < raw.all_model_checkpoint_paths.size(); ++i) {
+    const std::string& entry = raw.all_model_checkpoint_paths[i];
+    if (!keep(entry)) {
+      dropped = true;
+      continue;
+    }
+    s.all_model_checkpoint_paths.push_back(join_path(dir, entry));
+    if (timed) s.all_model_checkpoint_timestamps.push_back(times[i]);
+  }
+  // Timestamps that do not pair up with the paths stay as written (callers check the sizes),
+  // unless dropping entries would shift them onto other paths.
+  if (!timed && !dropped) s.all_model_checkpoint_timestamps = times;
+  if (!raw.model_checkpoint_path.empty()) {
+    if (keep(raw.model_checkpoint_path)) {
+      s.model_checkpoint_path = join_path(dir, raw.model_checkpoint_path);
+    } else if (!s.all_model_checkpoint_paths.empty()) {
+      s.model_checkpoint_path = s.all_model_checkpoint_paths.back();
+    }
+  }
+  if (!s.ignored_paths.empty()) warn_ignored_once(path, dir, text, s.ignored_paths);
   return s;
 }
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "checkpoint_scan.h"
 #include "checkpoint_state.h"
 #include "commit.h"
 #include "dtrain/checkpoint/checkpoint.h"
@@ -170,24 +171,25 @@ std::optional<CheckpointLoadStatus> Checkpoint::restore_latest(const std::string
          it != st->all_model_checkpoint_paths.rend(); ++it)
       add(*it);
     std::string errors;
+    std::vector<std::string> skipped;  // newest first, for the one fallback warning
     int tried = 0;
     bool retry = false;
     for (size_t i = 0; i < candidates.size() && !retry; ++i) {
       const std::string& c = candidates[i];
-      const bool last = i + 1 == candidates.size();
       if (!index_exists(c)) {
         if (may_retry && state_changed()) {
           retry = true;
           break;
         }
-        warn(str_cat("checkpoint ", c, " is named by ", join_path(directory, "checkpoint"),
-                     " but its index is missing; ",
-                     last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
+        skipped.push_back(str_cat(c, " is named by ", join_path(directory, "checkpoint"),
+                                  " but its index is missing"));  // warned once, below
         continue;
       }
       ++tried;
       try {
-        return restore(c);
+        CheckpointLoadStatus status = restore(c);
+        detail::warn_fallback(skipped, c);  // one line for every checkpoint skipped
+        return status;
       } catch (const AbortedError&) {
         if (!may_retry) throw;
         retry = true;
@@ -201,12 +203,14 @@ std::optional<CheckpointLoadStatus> Checkpoint::restore_latest(const std::string
           break;
         }
         errors += str_cat("\n  ", e.what());
-        warn(str_cat("checkpoint ", c, " is corrupt (", e.what(), "); ",
-                     last ? "no older checkpoint is left" : "falling back to an older checkpoint"));
+        skipped.push_back(str_cat(c, " is corrupt (", e.what(), ")"));  // warned once, below
       }
     }
     if (retry) continue;
-    if (tried == 0) return std::nullopt;
+    if (tried == 0) {
+      detail::warn_fallback(skipped, std::nullopt);
+      return std::nullopt;
+    }
     throw DataLossError(
         str_cat("no valid checkpoint in ", directory, ": every committed one is corrupt:", errors));
   }

@@ -5,6 +5,13 @@
 // committed checkpoint, falling back past corrupt ones. Not thread-safe (one thread calls it);
 // with an async Checkpoint, the commits and the deletions run on the checkpoint's writer
 // threads, one at a time and in save order.
+//
+// A manager never trusts its state file with deletions or with where to resume: it holds an
+// exclusive lock on its directory (`<directory>/.dtrain.lock`, released by the kernel when the
+// process dies) for its lifetime, so two jobs cannot write one directory; retention deletes only
+// files named `<checkpoint_name>-<N>.*` that are regular files directly in its directory; and a
+// state file that is missing, empty, malformed or names no existing checkpoint of the directory
+// is replaced by a directory scan (docs/checkpoints.md, "Damaged state files").
 #pragma once
 
 #include <cstdint>
@@ -38,12 +45,20 @@ struct CheckpointManagerOptions {
   bool recycle_files = true;
 };
 
+namespace detail {
+class DirectoryLock;
+}
+
 class CheckpointManager {
  public:
-  // Creates `directory` if needed and recovers the checkpoints its state file lists (so
-  // retention continues across restarts). Removes temporary files that crashed writers left
-  // behind. Throws InvalidArgumentError for bad options, DataLossError for a malformed state
-  // file, file errors naming the path.
+  // Creates `directory` if needed, takes its lock, and recovers the checkpoints its state file
+  // lists (so retention continues across restarts); when the state file is damaged (missing,
+  // empty, malformed, or naming no existing checkpoint inside the directory), the newest
+  // max_to_keep complete `<checkpoint_name>-<N>` checkpoints found in the directory instead.
+  // Removes temporary files that crashed writers left behind. Throws InvalidArgumentError for
+  // bad options (checkpoint_name must be a plain file name), FailedPreconditionError naming the
+  // directory and the holder's pid when another manager (in any process) holds the directory,
+  // file errors naming the path.
   CheckpointManager(Checkpoint& checkpoint, std::string directory,
                     CheckpointManagerOptions options = {});
   CheckpointManager(const CheckpointManager&) = delete;
@@ -64,9 +79,10 @@ class CheckpointManager {
   std::optional<std::string> latest_checkpoint() const;
   // The checkpoints the manager keeps, oldest first.
   std::vector<std::string> checkpoints() const;
-  // Restores the newest valid committed checkpoint (Checkpoint::restore_latest: corrupt ones
-  // are skipped with a warning) and returns its prefix; with none, calls init_fn (if any) and
-  // returns nullopt. Throws like Checkpoint::restore_latest.
+  // Restores the newest valid checkpoint of the directory (restore_newest_checkpoint below:
+  // the committed ones, or a directory scan when the state file is damaged, corrupt ones
+  // skipped with one warning line) and returns its prefix; with none, calls init_fn (if any)
+  // and returns nullopt. Throws like Checkpoint::restore_latest.
   std::optional<std::string> restore_or_initialize();
   // Waits for every pending async save and rethrows the first error (once).
   void sync();
@@ -88,10 +104,17 @@ class CheckpointManager {
   std::vector<std::string> sweep(std::vector<std::pair<std::string, double>>& kept,
                                  double& last_preserved_timestamp) const;
 
+  // Whether retention may delete the files of `prefix`: `<directory>/<checkpoint_name>-<N>`.
+  bool owns(const std::string& prefix) const;
+
   Checkpoint& checkpoint_;
   std::string directory_;
   std::string prefix_;
   CheckpointManagerOptions options_;
+  std::unique_ptr<detail::DirectoryLock> lock_;  // released last
+  // What was wrong with the state file when the manager started, until a warning said so
+  // (restore_or_initialize or the first save).
+  std::string state_problem_;
   mutable std::mutex mu_;  // guards the fields below (the committing thread updates them)
   std::vector<std::pair<std::string, double>> maybe_delete_;  // path, timestamp; oldest first
   std::optional<std::string> latest_;
@@ -99,5 +122,18 @@ class CheckpointManager {
   std::optional<int64_t> last_checkpoint_step_;
   std::unique_ptr<detail::SpareFiles> spares_;  // recycle_files only
 };
+
+// Restores the newest valid checkpoint of a CheckpointManager's directory, without its lock
+// (readers, such as the non-chief workers of a job, call it while the chief's manager writes):
+// with a sound state file, Checkpoint::restore_latest (the committed checkpoints, newest first,
+// then, should all of them be corrupt, older `<checkpoint_name>-<N>` ones the file no longer
+// lists). When the state file is missing, empty, malformed, or names no existing checkpoint
+// inside `directory` (entries outside it are ignored), the complete `<checkpoint_name>-<N>`
+// checkpoints found in `directory`, largest N first, each verified by restore(); one warning
+// line names the damaged state file and the checkpoint restored. nullopt when there is none.
+// Throws DataLossError when every candidate is corrupt, and restore()'s other errors.
+std::optional<CheckpointLoadStatus> restore_newest_checkpoint(
+    Checkpoint& checkpoint, const std::string& directory,
+    const std::string& checkpoint_name = "ckpt");
 
 }  // namespace dtrain::checkpoint

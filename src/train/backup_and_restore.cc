@@ -1,6 +1,7 @@
 // BackupAndRestore: the state fit() needs to resume exactly, tracked by one Checkpoint.
 #include "dtrain/train/backup_and_restore.h"
 
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -95,6 +96,22 @@ void BackupAndRestore::attach() {
 
 namespace {
 
+// Deletes what the backups' manager wrote into `dir` — "backup-<N>.*" files (with their temp and
+// recycled spares) and the state file — and then `dir` itself if nothing else is left in it: a
+// file of the user's in the directory survives the end of training.
+void remove_backup_files(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name == "checkpoint" || name.rfind("checkpoint.tmp", 0) == 0 ||
+                      (name.rfind("backup-", 0) == 0 && name.size() > 7 &&
+                       std::isdigit(static_cast<unsigned char>(name[7])));
+    std::error_code type_ec;
+    if (ours && entry.is_regular_file(type_ec)) fs::remove(entry.path(), ec);
+  }
+  fs::remove(dir, ec);  // only when empty
+}
+
 // Under dtrain launch with a coordination service, tells the launcher where this worker
 // resumed ("resumed/<generation>/<rank>" = the global step), so its restart report can say how
 // much work was lost. Best effort: a failure to report never stops training.
@@ -125,7 +142,8 @@ void BackupAndRestore::on_train_begin(const Logs&) {
   if (options_.restore) {
     if (state_->writer) {
       restored_from_ = state_->manager->restore_or_initialize();
-    } else if (auto status = state_->ckpt->restore_latest(dir_)) {
+    } else if (auto status = checkpoint::restore_newest_checkpoint(*state_->ckpt, dir_, "backup")) {
+      // The same choice as the chief's manager, also when the state file is damaged.
       restored_from_ = status->save_path();
     }
   }
@@ -232,8 +250,7 @@ void BackupAndRestore::on_train_end(const Logs&) {
   if (options_.delete_checkpoint) {
     state_->manager.reset();
     state_->ckpt.reset();
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    remove_backup_files(dir_);
   }
   state_.reset();
 }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/core/random.h"
@@ -103,6 +104,20 @@ TEST_F(BackupAndRestoreTest, ResumedRunMatchesUninterruptedRunBitwise) {
     EXPECT_TRUE(resumed[i].equals(reference[i])) << "variable " << i;
   }
   EXPECT_FALSE(fs::exists(dir_)) << "a finished run deletes its backups";
+}
+
+// A finished run deletes the files its backups wrote, not the user's files beside them.
+TEST_F(BackupAndRestoreTest, AFinishedRunDeletesOnlyItsOwnFiles) {
+  const Data d = make_data(64);
+  fs::create_directories(dir_);
+  { std::ofstream(fs::path(dir_) / "notes.txt") << "mine"; }
+  { std::ofstream(fs::path(dir_) / "backup-notes.txt") << "mine too"; }
+  ASSERT_FALSE(train(d, dir_, -1, 2).empty());
+  EXPECT_TRUE(fs::exists(fs::path(dir_) / "notes.txt"));
+  EXPECT_TRUE(fs::exists(fs::path(dir_) / "backup-notes.txt"));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir_)) left.push_back(e.path().filename().string());
+  EXPECT_EQ(left.size(), 2u) << "backups left behind: " << ::testing::PrintToString(left);
 }
 
 TEST_F(BackupAndRestoreTest, EpochBackupsResumeAtTheNextEpoch) {

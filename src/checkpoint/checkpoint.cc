@@ -17,6 +17,7 @@
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "dtrain/core/float_env.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/optimizer.h"
@@ -550,7 +551,7 @@ class AsyncWriter {
       unwritten_bytes_ += job->bytes;
       jobs_.push_back(std::move(job));
       if (idle_ == 0 && threads_.size() < max_in_flight_) {
-        threads_.emplace_back([this] { work(); });
+        threads_.push_back(start_thread([this] { work(); }));
       }
       work_cv_.notify_one();
     }

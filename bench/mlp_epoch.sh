@@ -42,7 +42,7 @@ f=$(median "${f_epochs[@]}")
 last_d="$tmp/dtrain.$rounds" last_t="$tmp/torch.$rounds" last_f="$tmp/torchftz.$rounds"
 floor="${BUILD_DIR:-build}/bench/bench_gemm_floor"
 [[ -x "$floor" ]] && "$floor" 1 > "$tmp/floor"
-echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1) ($(nproc) CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1) ($(getconf _NPROCESSORS_ONLN) CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -f "$tmp/floor" ]]; then
   echo "OpenBLAS: kernels $(get openblas_core "$tmp/floor"); $(sed -n 's/^openblas_config //p' "$tmp/floor")"
 fi

@@ -47,7 +47,7 @@ done
 acc_mw=$(grep -oE 'test_accuracy: [0-9.]+' "$tmp/mw.$rounds" | awk '{ print $2 }')
 acc_ddp=$(get test_accuracy "$tmp/ddp.$rounds")
 floor="${BUILD_DIR:-build}/bench/bench_gemm_floor"
-echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1) ($(nproc) CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1) ($(getconf _NPROCESSORS_ONLN) CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ -x "$floor" ]]; then
   "$floor" 1 > "$tmp/floor"
   echo "OpenBLAS: kernels $(get openblas_core "$tmp/floor"); $(sed -n 's/^openblas_config //p' "$tmp/floor")"

@@ -3,8 +3,9 @@ global batch 64 = WORLD x (64 / WORLD), one thread per process, gloo backend on 
 permutation on every rank split by DistributedSampler-style striding of each global batch.
 
 Run with Debian's interpreter (python3-torch):
-  /usr/bin/python3 bench/torch_ddp_epoch.py [epochs] [world]
-Prints "key value" lines from rank 0.
+  /usr/bin/python3 bench/torch_ddp_epoch.py [epochs] [world] [flush_denormal]
+flush_denormal 1 runs every rank with torch.set_flush_denormal(True) (FTZ|DAZ); 0 (the default) is
+PyTorch's default. Prints "key value" lines from rank 0.
 """
 import gzip
 import os
@@ -25,10 +26,12 @@ def idx(path, offset):
         return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
 
 
-def worker(rank, world, epochs, port):
+def worker(rank, world, epochs, port, flush):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
+    if flush and not torch.set_flush_denormal(True):
+        sys.exit("torch.set_flush_denormal(True): not supported on this CPU")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     x = torch.from_numpy((idx(f"{DIR}/train-images-idx3-ubyte.gz", 16).reshape(-1, 784) / 255.0).astype(np.float32))
@@ -60,6 +63,7 @@ def worker(rank, world, epochs, port):
         for i, t in enumerate(times):
             print(f"epoch_{i + 1}_seconds {t:.4f}")
         steady = sorted(times[1:] if len(times) > 1 else times)
+        print(f"flush_denormal {int(flush)}")
         print(f"epoch_seconds_median {steady[len(steady) // 2]:.4f}")
         print(f"test_accuracy {acc:.4f}", flush=True)
     dist.destroy_process_group()
@@ -68,11 +72,12 @@ def worker(rank, world, epochs, port):
 def main():
     epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     world = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    flush = len(sys.argv) > 3 and sys.argv[3] == "1"
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, epochs, port), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, epochs, port, flush), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

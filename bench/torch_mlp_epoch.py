@@ -1,7 +1,9 @@
 """PyTorch peer of bench/mlp_epoch.cc: the same MLP, data, batch, optimizer and thread count.
 
-Run with Debian's interpreter, which has python3-torch:  /usr/bin/python3 bench/torch_mlp_epoch.py [epochs] [threads]
-Prints the same "key value" lines as the dtrain program.
+Run with Debian's interpreter, which has python3-torch:
+  /usr/bin/python3 bench/torch_mlp_epoch.py [epochs] [threads] [flush_denormal]
+flush_denormal 1 runs with torch.set_flush_denormal(True) (FTZ|DAZ, as dtrain by default);
+0 (the default) is PyTorch's default. Prints the same "key value" lines as the dtrain program.
 """
 import gzip
 import resource
@@ -23,7 +25,10 @@ def idx(path, offset):
 def main():
     epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     threads = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    flush = len(sys.argv) > 3 and sys.argv[3] == "1"
     torch.set_num_threads(threads)
+    if flush and not torch.set_flush_denormal(True):
+        sys.exit("torch.set_flush_denormal(True): not supported on this CPU")
     torch.manual_seed(0)
     x_train = torch.from_numpy((idx(f"{DIR}/train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28) / 255.0).astype(np.float32))
     y_train = torch.from_numpy(idx(f"{DIR}/train-labels-idx1-ubyte.gz", 8).astype(np.int64))
@@ -58,6 +63,7 @@ def main():
     for i, t in enumerate(times):
         print(f"epoch_{i + 1}_seconds {t:.4f}")
     steady = sorted(times[1:] if len(times) > 1 else times)
+    print(f"flush_denormal {int(flush)}")
     print(f"epoch_seconds_median {steady[len(steady) // 2]:.4f}")
     print(f"evaluate_seconds {eval_seconds:.4f}")
     print(f"test_accuracy {correct / x_test.shape[0]:.4f}")

@@ -8,6 +8,7 @@
 #include "commit.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/float_env.h"
 
 namespace dtrain::checkpoint::detail {
 
@@ -59,7 +60,7 @@ void AsyncWriter::submit(std::string prefix, int64_t bytes, std::string group,
     unwritten_bytes_ += job->bytes;
     jobs_.push_back(std::move(job));
     if (idle_ == 0 && threads_.size() < max_in_flight_) {
-      threads_.emplace_back([this] { work(); });
+      threads_.push_back(start_thread([this] { work(); }));
     }
     work_cv_.notify_one();
   }

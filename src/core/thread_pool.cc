@@ -1,10 +1,13 @@
 // ThreadPool: one job at a time, indices handed out under a mutex.
 #include "dtrain/core/thread_pool.h"
 
+#include "dtrain/core/float_env.h"
+
 namespace dtrain {
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { worker_loop(); });
+  flush_denormals_enabled();  // a malformed DTRAIN_FLUSH_DENORMALS throws before a thread starts
+  for (int i = 0; i < num_threads; ++i) threads_.push_back(start_thread([this] { worker_loop(); }));
 }
 
 ThreadPool::~ThreadPool() {
@@ -23,6 +26,7 @@ void ThreadPool::worker_loop() {
     work_cv_.wait(lock, [&] { return stop_ || (generation_ != seen && next_ < end_); });
     if (stop_) return;
     seen = generation_;
+    follow_flush_denormals();  // set_flush_denormals() may have changed it since the last job
     while (next_ < end_) {
       const int64_t i = next_++;
       const auto* fn = fn_;

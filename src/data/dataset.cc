@@ -11,6 +11,7 @@
 #include <thread>
 #include <utility>
 
+#include "dtrain/core/float_env.h"
 #include "dtrain/core/random.h"
 
 namespace dtrain::data {
@@ -692,7 +693,7 @@ class PrefetchIterator final : public IteratorNode {
   }
 
   bool next(Element& out) override {
-    if (!thread_.joinable()) thread_ = std::thread([this] { produce(); });
+    if (!thread_.joinable()) thread_ = start_thread([this] { produce(); });
     std::unique_lock<std::mutex> lock(mu_);
     item_cv_.wait(lock, [this] { return count_ > 0 || finished_; });
     if (count_ == 0) {

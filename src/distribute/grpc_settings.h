@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/float_env.h"
 
 namespace dtrain::distribute {
 
@@ -26,8 +27,10 @@ void configure_server(grpc::ServerBuilder& builder, const std::string& address, 
 
 // Runs a service handler's body `fn` and turns a dtrain Error into the gRPC status with the same
 // code and message (any other exception: INTERNAL), so clients raise what the server raised.
+// The body runs with the process's flush-denormals setting (gRPC's threads are its own).
 template <class Fn>
 grpc::Status serve_call(Fn&& fn) {
+  follow_flush_denormals();
   try {
     fn();
     return grpc::Status::OK;

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/float_env.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/thread_pool.h"
 #include "dtrain/ops/gemm.h"
@@ -43,7 +44,10 @@ MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& opti
                              : std::max(1, hardware_concurrency() / num_replicas_));
   }
   errors_.resize(num_replicas_);
-  for (int r = 1; r < num_replicas_; ++r) threads_.emplace_back([this, r] { replica_loop(r); });
+  flush_denormals_enabled();  // a malformed DTRAIN_FLUSH_DENORMALS throws before a thread starts
+  for (int r = 1; r < num_replicas_; ++r) {
+    threads_.push_back(start_thread([this, r] { replica_loop(r); }));
+  }
 }
 
 MirroredStrategy::~MirroredStrategy() {
@@ -72,6 +76,7 @@ void MirroredStrategy::replica_loop(int replica) {
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
     const auto* fn = fn_.load(std::memory_order_relaxed);
+    follow_flush_denormals();  // set_flush_denormals() may have changed it since the last step
     set_current_replica_stream(stream_base_ < 0 ? ReplicaStream{}
                                                 : ReplicaStream{stream_base_ + replica, replica});
     try {

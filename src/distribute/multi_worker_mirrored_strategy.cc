@@ -1,4 +1,5 @@
-// MultiWorkerMirroredStrategy: cluster resolution, choice of rendezvous, Gloo collectives.
+// MultiWorkerMirroredStrategy: cluster resolution, choice of rendezvous, Gloo collectives, the
+// check that every worker runs the same build.
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 
 #include <arpa/inet.h>
@@ -7,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "dtrain/core/build_info.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
 #include "dtrain/distribute/rendezvous.h"
@@ -79,6 +81,37 @@ std::string default_host(const std::string& rendezvous) {
   return this_hostname();
 }
 
+// Every worker publishes its build_fingerprint() under this rendezvous generation and compares
+// the others' with its own: workers whose builds (ISA, flags, compiler, version) or
+// flush-denormals settings differ round the same step differently, and their mirrored variables
+// would drift apart. Every worker sees the same set, so all of them refuse together.
+void check_same_build(KeyValueStore& store, const std::string& run_id, const Collectives& c,
+                      std::chrono::milliseconds timeout) {
+  if (c.size() == 1) return;
+  const std::string prefix = str_cat("dtrain/", run_id, "/g", c.generation(), "/build/");
+  const std::string mine = build_fingerprint();
+  store.set(prefix + std::to_string(c.rank()), mine);
+  const std::vector<PeerInfo>& peers = c.peers();
+  const auto who = [&](int rank) {
+    const std::string task = rank < static_cast<int>(peers.size()) ? peers[rank].task : "";
+    return task.empty() ? str_cat("rank ", rank) : str_cat("rank ", rank, " (", task, ")");
+  };
+  for (int r = 0; r < c.size(); ++r) {
+    if (r == c.rank()) continue;
+    const std::string theirs = store.get(prefix + std::to_string(r), timeout);
+    if (theirs == mine) continue;
+    const int low = std::min(r, c.rank()), high = std::max(r, c.rank());
+    const std::string& low_fp = low == c.rank() ? mine : theirs;
+    const std::string& high_fp = high == c.rank() ? mine : theirs;
+    throw FailedPreconditionError(str_cat(
+        "MultiWorkerMirroredStrategy: workers of one job run different builds or settings, so "
+        "their variables would not stay in sync: ",
+        who(low), " runs \"", low_fp, "\" but ", who(high), " runs \"", high_fp,
+        "\" (build every worker with the same DTRAIN_ARCH and compiler, and give every worker "
+        "the same DTRAIN_FLUSH_DENORMALS)"));
+  }
+}
+
 }  // namespace
 
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOptions& options)
@@ -145,6 +178,7 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
                                     .algorithm = options.algorithm,
                                     .run_id = run_id,
                                     .generation = generation});
+  check_same_build(*store_, run_id, *collectives_, options.timeout);
 }
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;

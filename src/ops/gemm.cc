@@ -4,12 +4,17 @@
 #include <cblas.h>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/float_env.h"
 
 namespace dtrain::ops {
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  // A malformed DTRAIN_FLUSH_DENORMALS is reported by the first GEMM of a program that reads the
+  // setting nowhere else (after that, one initialized-static check per call).
+  static const bool checked = (flush_denormals_enabled(), true);
+  (void)checked;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,

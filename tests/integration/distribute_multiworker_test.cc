@@ -1,7 +1,7 @@
 // MultiWorkerMirroredStrategy with real processes on loopback: 2 and 3 workers configured through
 // TF_CONFIG (the chief serving the rendezvous, a file store, a real redis-server), the data
 // split and the all-reduce checked against a single-process run; a peer that never arrives; a
-// divergence caught by verify_sync; a malformed TF_CONFIG.
+// divergence caught by verify_sync; workers with different float settings; a malformed TF_CONFIG.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -162,6 +162,34 @@ TEST_F(MultiWorkerTest, VerifySyncNamesTheFirstDivergingVariable) {
               std::string::npos)
         << run.logs[i];
     EXPECT_NE(run.logs[i].find("on worker(s) 1"), std::string::npos) << run.logs[i];
+  }
+}
+
+// Two workers whose floating-point setups differ (one flushes denormals, one does not) would
+// round steps differently and drift apart: both refuse to start, naming both fingerprints.
+TEST_F(MultiWorkerTest, WorkersWithDifferentFloatSettingsRefuseToStart) {
+  std::vector<int> ports{free_port(), free_port()};
+  std::vector<Process> procs;
+  for (int i = 0; i < 2; ++i) {
+    std::map<std::string, std::string> env{{"TF_CONFIG", tf_config(ports, false, "worker", i)},
+                                           {"DTRAIN_RDZV", "file://" + dir_ + "/rdzv"}};
+    if (i == 1) env["DTRAIN_FLUSH_DENORMALS"] = "0";
+    procs.push_back(
+        spawn({kWorker, "--timeout-ms", "20000"}, env, dir_ + "/log" + std::to_string(i)));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(wait_for(procs[i], deadline), 1);
+    const std::string log = read_file(procs[i].log);
+    EXPECT_NE(log.find("FAILED_PRECONDITION: MultiWorkerMirroredStrategy: workers of one job run "
+                       "different builds or settings"),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("rank 0 (worker:0) runs \"dtrain "), std::string::npos) << log;
+    EXPECT_NE(log.find("flush_denormals=on\" but rank 1 (worker:1) runs \"dtrain "),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("flush_denormals=off\""), std::string::npos) << log;
   }
 }
 

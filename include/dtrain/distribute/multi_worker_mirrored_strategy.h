@@ -49,7 +49,9 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   // the variable), for a ps or evaluator task, or for workers started with different world
   // sizes; DeadlineExceededError naming the ranks that never arrived; UnavailableError when the
   // rendezvous store or a peer cannot be reached; FailedPreconditionError when no rendezvous is
-  // configured and the cluster has no chief address to serve one on.
+  // configured and the cluster has no chief address to serve one on, or when workers run
+  // different builds or flush-denormals settings (core/build_info.h: naming both ranks and both
+  // fingerprints; every worker refuses).
   explicit MultiWorkerMirroredStrategy(const MultiWorkerOptions& options = {});
   ~MultiWorkerMirroredStrategy() override;
 

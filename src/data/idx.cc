@@ -100,22 +100,22 @@ void check_payload_size(gzFile f, const std::string& path, size_t header_size, s
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   const std::string claim =
-      str_cat("read_idx: ", path, ": the header's dimensions ", shape.to_string(), " (",
-              dtype_name(dtype), ") claim ", nbytes, " bytes of data");
+      str_cat("read_idx: ", path, ": truncated IDX file or corrupt header: expected ", nbytes,
+              " bytes of data for ", dtype_name(dtype), " ", shape.to_string(),
+              " (the header's dimensions)");
   if (gzdirect(f) == 1) {
     const uint64_t payload = size > header_size ? size - header_size : 0;
     if (nbytes > payload) {
-      throw DataLossError(str_cat(claim, ", but the file has ", payload, " after its ", header_size,
-                                  "-byte header (truncated, or a corrupt header)"));
+      throw DataLossError(
+          str_cat(claim, ", got ", payload, " after the ", header_size, "-byte header"));
     }
     return;
   }
   uint64_t bound = 0;
   if (__builtin_mul_overflow(size, kMaxGzipRatio, &bound)) return;
   if (nbytes > bound) {
-    throw DataLossError(str_cat(claim, ", but a gzip file of ", size,
-                                " bytes decompresses to at most ", bound,
-                                " (truncated, or a corrupt header)"));
+    throw DataLossError(
+        str_cat(claim, ", but a gzip file of ", size, " bytes decompresses to at most ", bound));
   }
 }
 

@@ -242,8 +242,8 @@ TEST_F(HostileInputTest, AnIdxHeaderClaimingABillionImagesIsDataLossBeforeAlloca
         "ulimit -v 4000000;");
     EXPECT_EQ(r.code, 4) << r.output;
     EXPECT_TRUE(contains(r.output, "DATA_LOSS: read_idx: " + path(bad))) << r.output;
-    EXPECT_TRUE(contains(r.output, "header's dimensions [1000000000")) << r.output;
-    EXPECT_TRUE(contains(r.output, "the file has 100 after")) << r.output;
+    EXPECT_TRUE(contains(r.output, "[1000000000")) << r.output;
+    EXPECT_TRUE(contains(r.output, "(the header's dimensions), got 100 after")) << r.output;
   }
 }
 

@@ -83,6 +83,18 @@ CLI::Validator int_at_least(int64_t lo) {
       ">=" + std::to_string(lo));
 }
 
+// Any uint64 (a seed), but not "-1", which strtoull would wrap to 2^64 - 1.
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        if (s.find('-') != std::string::npos) return "is " + s + ", must be at least 0";
+        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not an integer";
+        return {};
+      },
+      "UINT");
+}
+
 CLI::Validator int_at_most(int64_t hi, const std::string& why) {
   return CLI::Validator(
       [hi, why](std::string& s) -> std::string {
@@ -343,7 +355,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
         ->check(int_at_most(kMaxBatchSize, "larger batches are a mistake"));
     cmd->add_option("--seed", train_flags.seed,
                     "Global random seed: with it, two runs give bitwise-identical weights")
-        ->check(int_at_least(0));
+        ->check(unsigned_integer());
     cmd->add_option("--threads", train_flags.threads, "BLAS threads (default 1)")
         ->check(int_at_least(1))
         ->check(int_at_most(max_threads(),

@@ -103,6 +103,13 @@ TEST_F(HostileInputTest, NonsensicalFlagValuesAreUsageErrorsNamingFlagAndValue) 
   }
 }
 
+TEST_F(HostileInputTest, InRangeEdgeValuesAreStillAccepted) {
+  const CommandResult r =
+      run(fit_csv("--seed 18446744073709551615 --verify-sync 0 --threads 1 "
+                  "--label-column 2 --learning-rate 0.01 --batch-size 1"));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 TEST_F(HostileInputTest, AbsurdThreadCountsFailFastWithoutTouchingOpenBlas) {
   expect_usage_error(run(fit_csv("--threads 100000")), "--threads", "100000");
   const CommandResult r = run(fit_csv("--threads 100000"));

@@ -208,8 +208,9 @@ std::string describe_type(hid_t type, hid_t space) {
   return out;
 }
 
-// Fails with NotFoundError / InvalidArgumentError unless `path` is an existing regular file.
-void check_readable_file(const std::string& path) {
+// Fails with NotFoundError / InvalidArgumentError unless `path` is an existing regular file;
+// returns its size.
+uint64_t check_readable_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     const int e = errno;
@@ -219,6 +220,7 @@ void check_readable_file(const std::string& path) {
     throw UnavailableError(str_cat(path, ": cannot access: ", std::strerror(e)));
   }
   DTRAIN_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
+  return static_cast<uint64_t>(st.st_size);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -227,7 +229,7 @@ void check_readable_file(const std::string& path) {
 class Reader {
  public:
   explicit Reader(std::string path) : path_(std::move(path)) {
-    check_readable_file(path_);
+    file_size_ = check_readable_file(path_);
     if (H5Fis_hdf5(path_.c_str()) <= 0) {
       throw DataLossError(str_cat(path_, ": not an HDF5 file (no HDF5 signature: empty, ",
                                   "truncated or overwritten)"));
@@ -344,6 +346,7 @@ class Reader {
     if (rank < 0) corrupt(str_cat("bad dataspace of ", full));
     std::vector<hsize_t> dims(static_cast<size_t>(rank));
     if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    check_dataset_size(ds.get(), full, dtype, dims);
     std::vector<int64_t> shape(dims.begin(), dims.end());
     Tensor t(dtype, Shape(shape));
     if (t.num_elements() > 0 &&
@@ -351,6 +354,34 @@ class Reader {
       corrupt(str_cat("cannot read dataset ", full));
     }
     return t;
+  }
+
+  // A dataset's shape comes from the file and is untrusted: before allocating, checks that the
+  // file can hold the bytes it claims (all of them for contiguous or compact storage; for chunked,
+  // possibly compressed storage, deflate's 1032:1 at most).
+  void check_dataset_size(hid_t ds, const std::string& full, DType dtype,
+                          const std::vector<hsize_t>& dims) const {
+    uint64_t bytes = dtype_size(dtype);
+    std::string shape = "[";
+    bool overflow = false;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      shape += str_cat(i ? ", " : "", dims[i]);
+      overflow = overflow || dims[i] > static_cast<hsize_t>(INT64_MAX) ||
+                 __builtin_mul_overflow(bytes, static_cast<uint64_t>(dims[i]), &bytes);
+    }
+    shape += "]";
+    constexpr uint64_t kMaxDeflateRatio = 1032;
+    Handle plist = plist_handle(H5Dget_create_plist(ds));
+    const bool chunked = plist.valid() && H5Pget_layout(plist.get()) == H5D_CHUNKED;
+    uint64_t limit = file_size_;
+    if (chunked && __builtin_mul_overflow(file_size_, kMaxDeflateRatio, &limit)) limit = UINT64_MAX;
+    if (overflow || bytes > limit) {
+      throw DataLossError(str_cat(path_, ": dataset ", full, " claims shape ", shape, " (",
+                                  dtype_name(dtype), ", ",
+                                  overflow ? std::string("more than 2^64") : str_cat(bytes),
+                                  " bytes), more than the file's ", file_size_, " bytes can hold",
+                                  chunked ? " even compressed" : "", " (a corrupt dataspace)"));
+    }
   }
 
   // The datasets listed in `weight_names` of group `g` (full path `where`).
@@ -419,6 +450,7 @@ class Reader {
 
  private:
   std::string path_;
+  uint64_t file_size_ = 0;
   Handle file_;
 };
 

@@ -1,7 +1,9 @@
 // dtrain fit / evaluate / predict.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -9,9 +11,11 @@
 
 #include "commands.h"
 #include "dtrain/core/random.h"
+#include "dtrain/core/thread_pool.h"
 #include "dtrain/data/csv.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/data/labels.h"
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
@@ -29,7 +33,7 @@ struct DataFlags {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string train_images, train_labels, test_images, test_labels;
   std::string train_csv, test_csv;
-  int label_column = -1;
+  std::optional<int> label_column;  // unset: the last column
 };
 
 struct ModelFlags {
@@ -63,20 +67,92 @@ struct Split {
 };
 struct Data {
   Split train, test;
+  int64_t classes = 0;  // implied by the labels: the largest + 1 (checked: data::kMaxClasses)
 };
 
+// Flag checks: a bad value is a usage error (exit 2) naming the flag and the value, found while
+// parsing, before anything is loaded or trained.
+CLI::Validator int_at_least(int64_t lo) {
+  return CLI::Validator(
+      [lo](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not an integer";
+        if (v < lo) return "is " + s + ", must be at least " + std::to_string(lo);
+        return {};
+      },
+      ">=" + std::to_string(lo));
+}
+
+// Any uint64 (a seed), but not "-1", which strtoull would wrap to 2^64 - 1.
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        if (s.find('-') != std::string::npos) return "is " + s + ", must be at least 0";
+        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not an integer";
+        return {};
+      },
+      "UINT");
+}
+
+CLI::Validator int_at_most(int64_t hi, const std::string& why) {
+  return CLI::Validator(
+      [hi, why](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not an integer";
+        if (v > hi) return "is " + s + ", must be at most " + std::to_string(hi) + " (" + why + ")";
+        return {};
+      },
+      "<=" + std::to_string(hi));
+}
+
+CLI::Validator finite_positive() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not a number";
+        if (!std::isfinite(v) || v <= 0) return "is " + s + ", must be a finite number > 0";
+        return {};
+      },
+      "FLOAT>0");
+}
+
+// A batch beyond this would allocate gigabytes of batch buffers before the first step.
+constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
+// BLAS threads beyond this only oversubscribe the cores (and, far beyond, OpenBLAS cannot start
+// them and hangs at exit).
+int max_threads() { return 4 * hardware_concurrency(); }
+
 void add_data_flags(CLI::App* cmd, DataFlags& f) {
-  cmd->add_option("--data-dir", f.data_dir,
-                  "Fashion-MNIST directory with the four IDX .gz files (the default data set)")
-      ->capture_default_str();
-  cmd->add_option("--train-images", f.train_images, "IDX file of training inputs (.gz or plain)");
-  cmd->add_option("--train-labels", f.train_labels, "IDX file of training labels");
-  cmd->add_option("--test-images", f.test_images, "IDX file of test inputs");
-  cmd->add_option("--test-labels", f.test_labels, "IDX file of test labels");
-  cmd->add_option("--train-csv", f.train_csv, "CSV file of training rows (numeric)");
-  cmd->add_option("--test-csv", f.test_csv, "CSV file of test rows (numeric)");
-  cmd->add_option("--label-column", f.label_column,
-                  "CSV column holding the label (default: the last)");
+  CLI::Option* dir =
+      cmd->add_option("--data-dir", f.data_dir,
+                      "Fashion-MNIST directory with the four IDX .gz files (the default data set)")
+          ->capture_default_str();
+  CLI::Option* idx[] = {
+      cmd->add_option("--train-images", f.train_images,
+                      "IDX file of training inputs (.gz or plain)"),
+      cmd->add_option("--train-labels", f.train_labels, "IDX file of training labels"),
+      cmd->add_option("--test-images", f.test_images, "IDX file of test inputs"),
+      cmd->add_option("--test-labels", f.test_labels, "IDX file of test labels"),
+  };
+  CLI::Option* csv[] = {
+      cmd->add_option("--train-csv", f.train_csv, "CSV file of training rows (numeric)"),
+      cmd->add_option("--test-csv", f.test_csv, "CSV file of test rows (numeric)"),
+      cmd->add_option("--label-column", f.label_column,
+                      "CSV column holding the label, counted from 0 (default: the last)")
+          ->check(int_at_least(0)),
+  };
+  // Images and their labels come in pairs; the three sources of data exclude each other (a
+  // usage error names the two flags), rather than one silently winning.
+  idx[0]->needs(idx[1]);
+  idx[1]->needs(idx[0]);
+  idx[2]->needs(idx[3]);
+  idx[3]->needs(idx[2]);
+  for (CLI::Option* i : idx) {
+    dir->excludes(i);
+    for (CLI::Option* c : csv) i->excludes(c);
+  }
+  for (CLI::Option* c : csv) dir->excludes(c);
 }
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
@@ -84,7 +160,8 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
                   "Keras model JSON (model.to_json()); default: an MLP Dense(128, relu) -> "
                   "Dense(classes)");
   cmd->add_option("--hidden", f.hidden, "Units of the default MLP's hidden layer")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_at_least(1));
 }
 
 // IDX inputs of uint8 are scaled to [0, 1] as the Keras tutorial does; others are cast.
@@ -95,27 +172,17 @@ Tensor idx_inputs(const std::string& path) {
   return ops::cast(t, DType::kFloat32);
 }
 
-Split csv_split(const std::string& path, int label_column) {
+Split csv_split(const std::string& path, std::optional<int> label_column) {
   const Tensor table = data::read_csv(path);
   DTRAIN_CHECK(table.rank() == 2 && table.dim(1) >= 2, path,
                ": need at least two columns (features and a label)");
-  const int64_t rows = table.dim(0), cols = table.dim(1);
-  const int64_t lc = label_column < 0 ? cols - 1 : label_column;
+  const int64_t cols = table.dim(1);
+  const int64_t lc = label_column.value_or(cols - 1);
   DTRAIN_CHECK(lc < cols, path, ": --label-column ", lc, " but the file has ", cols, " columns");
-  Tensor x(Shape{rows, cols - 1});
-  Tensor y(DType::kInt64, Shape{rows});
-  const float* p = table.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t k = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      if (c == lc) {
-        y.data<int64_t>()[r] = static_cast<int64_t>(p[r * cols + c]);
-      } else {
-        x.data<float>()[r * (cols - 1) + k++] = p[r * cols + c];
-      }
-    }
-  }
-  return {x, y};
+  data::LabeledTable t = data::split_label_column(table, lc, DType::kFloat32);
+  // Labels are class indices: 2.5, nan or -1 in the label column is an error naming the row.
+  data::check_class_labels(t.y, str_cat(path, " (label column ", lc, ")"));
+  return {t.x, ops::cast(t.y, DType::kInt64)};
 }
 
 Data load_data(const DataFlags& f, bool need_train) {
@@ -127,10 +194,12 @@ Data load_data(const DataFlags& f, bool need_train) {
     if (!f.train_images.empty()) {
       DTRAIN_CHECK(!f.train_labels.empty(), "--train-images needs --train-labels");
       d.train = {idx_inputs(f.train_images), data::read_idx(f.train_labels)};
+      data::check_class_labels(d.train.y, f.train_labels);
     }
     if (!f.test_images.empty()) {
       DTRAIN_CHECK(!f.test_labels.empty(), "--test-images needs --test-labels");
       d.test = {idx_inputs(f.test_images), data::read_idx(f.test_labels)};
+      data::check_class_labels(d.test.y, f.test_labels);
     }
   } else {
     data::FashionMnist fm = data::fashion_mnist::load_data(f.data_dir);
@@ -142,20 +211,14 @@ Data load_data(const DataFlags& f, bool need_train) {
     if (!s->x.defined()) continue;
     DTRAIN_CHECK(s->x.dim(0) == s->y.dim(0), "inputs have ", s->x.dim(0), " examples but labels ",
                  s->y.dim(0));
+    // Every source's labels were checked above (the Fashion-MNIST files are uint8); the largest
+    // sizes the default model's output layer.
+    d.classes = std::max(d.classes, data::check_class_labels(s->y, "labels"));
   }
   return d;
 }
 
-int64_t num_classes(const Data& d) {
-  int64_t classes = 0;
-  for (const Split* s : {&d.train, &d.test}) {
-    if (!s->y.defined()) continue;
-    for (int64_t i = 0; i < s->y.num_elements(); ++i) {
-      classes = std::max(classes, ops::label_at(s->y, i) + 1);
-    }
-  }
-  return std::max<int64_t>(classes, 2);
-}
+int64_t num_classes(const Data& d) { return std::max<int64_t>(d.classes, 2); }
 
 bool is_h5(const std::string& path) {
   for (const char* ext : {".h5", ".hdf5", ".keras"}) {
@@ -165,6 +228,31 @@ bool is_h5(const std::string& path) {
     }
   }
   return false;
+}
+
+// --save is written after training: a path that cannot be written is refused before it starts.
+void check_save_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    throw InvalidArgumentError(
+        str_cat("--save ", path, ": is a directory; give a file name ending in .h5"));
+  }
+  if (!is_h5(path)) {
+    throw InvalidArgumentError(str_cat("--save ", path,
+                                       ": needs a .h5, .hdf5 or .keras extension (dtrain saves "
+                                       "whole models in Keras's HDF5 format)"));
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec)) {
+    if (fs::exists(parent, ec)) {
+      throw InvalidArgumentError(
+          str_cat("--save ", path, ": '", parent.string(), "' is not a directory"));
+    }
+    throw NotFoundError(
+        str_cat("--save ", path, ": directory '", parent.string(), "' does not exist"));
+  }
 }
 
 std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
@@ -262,31 +350,43 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
     add_data_flags(cmd, data_flags);
     add_model_flags(cmd, model_flags);
     cmd->add_option("--batch-size", train_flags.batch_size, "Examples per batch")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(int_at_least(1))
+        ->check(int_at_most(kMaxBatchSize, "larger batches are a mistake"));
     cmd->add_option("--seed", train_flags.seed,
-                    "Global random seed: with it, two runs give bitwise-identical weights");
-    cmd->add_option("--threads", train_flags.threads, "BLAS threads (default 1)");
+                    "Global random seed: with it, two runs give bitwise-identical weights")
+        ->check(unsigned_integer());
+    cmd->add_option("--threads", train_flags.threads, "BLAS threads (default 1)")
+        ->check(int_at_least(1))
+        ->check(int_at_most(max_threads(),
+                            str_cat("4 per core, and this machine has ", hardware_concurrency())));
     cmd->add_option("--verbose", train_flags.verbose,
-                    "0 silent, 1 progress bar, 2 one line per epoch (default: 1 on a terminal)");
+                    "0 silent, 1 progress bar, 2 one line per epoch (default: 1 on a terminal)")
+        ->check(int_at_least(0))
+        ->check(int_at_most(2, "0, 1 or 2"));
   };
 
   CLI::App* fit = app.add_subcommand("fit", "Train a model (default: an MLP on Fashion-MNIST)");
   add_common(fit);
   fit->add_option("--epochs", train_flags.epochs, "Passes over the training data")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_at_least(1));
   fit->add_option("--optimizer", train_flags.optimizer, "sgd, adam, adamw or rmsprop")
       ->capture_default_str();
   fit->add_option("--learning-rate", train_flags.learning_rate,
-                  "Learning rate (default: the optimizer's Keras default)");
+                  "Learning rate (default: the optimizer's Keras default)")
+      ->check(finite_positive());
   fit->add_option("--steps-per-epoch", train_flags.steps_per_epoch,
-                  "Batches per epoch (default: one pass)");
+                  "Batches per epoch (default: one pass)")
+      ->check(int_at_least(1));
   fit->add_flag("--validate", train_flags.validate,
                 "Evaluate on the test split after every epoch (val_loss, val_accuracy)");
   fit->add_option("--checkpoint-dir", train_flags.checkpoint_dir,
                   "Save TensorFlow-format checkpoints of the whole training state here "
                   "(weights, optimizer, epoch, step, data position)");
   fit->add_option("--checkpoint-every", train_flags.checkpoint_every,
-                  "Checkpoint every N steps (default: at the end of each epoch)");
+                  "Checkpoint every N steps (default: at the end of each epoch)")
+      ->check(int_at_least(1));
   fit->add_flag("--async-checkpoint", train_flags.async_checkpoint,
                 "Write checkpoints on background threads (the step only copies the state)");
   fit->add_flag("--resume", train_flags.resume,
@@ -298,9 +398,12 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       ->check(CLI::IsMember({"one", "mirrored", "multi-worker", "parameter-server"}));
   fit->add_option("--replicas", train_flags.replicas,
                   "Replica threads per process for mirrored/multi-worker (default: mirrored one "
-                  "per core, multi-worker 1)");
+                  "per core, multi-worker 1)")
+      ->check(int_at_least(1));
   fit->add_option("--verify-sync", train_flags.verify_sync,
-                  "Every N steps, check that all workers hold bitwise-identical variables");
+                  "Every N steps, check that all workers hold bitwise-identical variables "
+                  "(0, the default: never)")
+      ->check(int_at_least(0));
   fit->add_option("--logdir", train_flags.logdir,
                   "Write TensorBoard event files here (train/ and validation/ runs)");
   fit->add_option("--save", train_flags.save,
@@ -308,6 +411,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   ".h5 file");
   fit->callback([&run] {
     run = [] {
+      check_save_path(train_flags.save);
       apply_runtime(train_flags);
       std::unique_ptr<distribute::Strategy> strategy = make_strategy(train_flags);
       std::optional<distribute::Strategy::ScopeGuard> scope;
@@ -388,7 +492,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       app.add_subcommand("predict", "Print the predicted class of the first test examples");
   add_common(predict);
   predict->add_option("--count", predict_count, "How many examples to print")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_at_least(0));
   predict->add_option("--output", predict_out, "Write all model outputs as CSV to this file");
   predict->callback([&run] {
     run = [] {

@@ -2,6 +2,7 @@
 // read with one gzread straight into the tensor's buffer, then byte-swapped in place.
 #include "dtrain/data/idx.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <bit>
@@ -86,6 +87,38 @@ void big_endian_to_host(void* data, size_t count, size_t elem_size) {
   }
 }
 
+// Deflate expands at most 1032:1; with gzip's headers, a compressed file of `size` bytes holds
+// at most this much data.
+constexpr uint64_t kMaxGzipRatio = 1032;
+
+// The header's dimensions are untrusted: before allocating, checks that the file can hold the
+// payload they claim (exactly for a plain file, by deflate's maximum ratio for gzip). Devices and
+// pipes have no size to compare with and are read as they come.
+void check_payload_size(gzFile f, const std::string& path, size_t header_size, size_t nbytes,
+                        DType dtype, const Shape& shape) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const std::string claim =
+      str_cat("read_idx: ", path, ": truncated IDX file or corrupt header: expected ", nbytes,
+              " bytes of data for ", dtype_name(dtype), " ", shape.to_string(),
+              " (the header's dimensions)");
+  if (gzdirect(f) == 1) {
+    const uint64_t payload = size > header_size ? size - header_size : 0;
+    if (nbytes > payload) {
+      throw DataLossError(
+          str_cat(claim, ", got ", payload, " after the ", header_size, "-byte header"));
+    }
+    return;
+  }
+  uint64_t bound = 0;
+  if (__builtin_mul_overflow(size, kMaxGzipRatio, &bound)) return;
+  if (nbytes > bound) {
+    throw DataLossError(
+        str_cat(claim, ", but a gzip file of ", size, " bytes decompresses to at most ", bound));
+  }
+}
+
 }  // namespace
 
 Tensor read_idx(const std::string& path) {
@@ -116,6 +149,12 @@ Tensor read_idx(const std::string& path) {
     throw DataLossError(str_cat("read_idx: ", path, ": not an IDX file (magic ", hex, ")"));
   }
   const int rank = magic[3];
+  if (rank == 0) {
+    // The first dimension counts the examples: a scalar is no data set.
+    throw DataLossError(str_cat("read_idx: ", path,
+                                ": rank 0 in the header (magic byte 4): an IDX data set needs at "
+                                "least one dimension, the number of examples"));
+  }
   if (rank > Shape::kMaxRank) {
     throw DataLossError(
         str_cat("read_idx: ", path, ": rank ", rank, " exceeds the maximum of ", Shape::kMaxRank));
@@ -145,6 +184,8 @@ Tensor read_idx(const std::string& path) {
       nbytes > static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
     throw DataLossError(str_cat("read_idx: ", path, ": implausible shape ", shape.to_string()));
   }
+
+  check_payload_size(f.get(), path, 4 + header_bytes, nbytes, dtype, shape);
 
   Tensor t(dtype, shape);
   const size_t got = read_fully(f.get(), t.raw_data(), nbytes, path);

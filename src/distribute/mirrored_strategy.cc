@@ -28,12 +28,19 @@ bool spin_until(F&& ready) {
   }
 }
 
+// Replica threads beyond this only oversubscribe the cores (and each reserves a stack): a count
+// above it is a mistake, refused before any thread starts.
+int max_replicas() { return std::max(64, 16 * hardware_concurrency()); }
+
 }  // namespace
 
 MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& options)
     : num_replicas_(num_replicas == 0 ? hardware_concurrency() : num_replicas) {
   DTRAIN_CHECK(num_replicas >= 0, "MirroredStrategy: num_replicas is ", num_replicas,
                ", must be >= 0 (0: one per core)");
+  DTRAIN_CHECK(num_replicas_ <= max_replicas(), "MirroredStrategy: ", num_replicas_,
+               " replicas is more than this machine's ", hardware_concurrency(),
+               " cores can run: at most ", max_replicas(), " (16 per core, at least 64)");
   if (options.report_tensorboard) tensorboard_logdir_ = options.logdir;
   DTRAIN_CHECK(options.blas_threads >= -1, "MirroredStrategy: blas_threads is ",
                options.blas_threads);
@@ -45,8 +52,27 @@ MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& opti
   }
   errors_.resize(num_replicas_);
   flush_denormals_enabled();  // a malformed DTRAIN_FLUSH_DENORMALS throws before a thread starts
-  for (int r = 1; r < num_replicas_; ++r) {
-    threads_.push_back(start_thread([this, r] { replica_loop(r); }));
+  int started = 1;
+  try {
+    threads_.reserve(static_cast<size_t>(num_replicas_ - 1));
+    for (; started < num_replicas_; ++started) {
+      threads_.push_back(start_thread([this, r = started] { replica_loop(r); }));
+    }
+  } catch (const std::exception& e) {
+    // A constructor that throws runs no destructor: stop and join the threads started so far
+    // here, before the members they wait on are destroyed (destroying a condition variable with
+    // waiters blocks forever; a joinable std::thread terminates the process).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_.store(true, std::memory_order_release);
+    }
+    start_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    if (previous_blas_threads_ > 0) ops::set_num_threads(previous_blas_threads_);
+    throw ResourceExhaustedError(str_cat("MirroredStrategy: cannot start the thread of replica ",
+                                         started, " of ", num_replicas_, ": ", e.what(),
+                                         " (too many replicas for the memory or thread limits; "
+                                         "use fewer)"));
   }
 }
 

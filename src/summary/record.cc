@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ios>
+#include <optional>
 #include <sstream>
 
 #include "dtrain/core/crc32c.h"
@@ -28,6 +30,18 @@ uint64_t load64(const char* p) {
   std::memcpy(&v, p, 8);
   return v;
 }
+// The size of a regular file; nullopt for anything else (a device such as /dev/zero, a pipe),
+// whose end is unknown: no scan of such a file may run "to the end".
+std::optional<uint64_t> regular_size(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) throw_file_error(errno, "stat", path);
+  if (!S_ISREG(st.st_mode)) return std::nullopt;
+  return static_cast<uint64_t>(st.st_size);
+}
+
+// Records longer than this are refused where the file's size cannot bound them.
+constexpr uint64_t kMaxUnboundedRecord = uint64_t{1} << 34;
+
 std::string hex(uint32_t v) {
   std::ostringstream os;
   os << "0x" << std::hex << v;
@@ -85,7 +99,12 @@ uint64_t RecordReader::valid_record_at(uint64_t offset) {
   if (pread_at(offset, h, sizeof h) != sizeof h) return 0;
   if (crc32c::unmask(load32(h + 8)) != crc32c::value(h, 8)) return 0;
   const uint64_t n = load64(h);
-  if (n > (uint64_t{1} << 34)) return 0;
+  if (n > kMaxUnboundedRecord) return 0;
+  // Only called on regular files (skip_corrupt refuses others): the record must fit in the file.
+  const std::optional<uint64_t> size = regular_size(fd_, path_);
+  if (!size || offset > *size || n + kRecordHeaderSize + kRecordFooterSize > *size - offset) {
+    return 0;
+  }
   std::string data(n + kRecordFooterSize, '\0');
   if (pread_at(offset + kRecordHeaderSize, data.data(), data.size()) != data.size()) return 0;
   if (crc32c::unmask(load32(data.data() + n)) != crc32c::value(data.data(), n)) return 0;
@@ -93,24 +112,32 @@ uint64_t RecordReader::valid_record_at(uint64_t offset) {
 }
 
 bool RecordReader::zero_tail() {
+  // Only a regular file has a tail; a device of zeros (/dev/zero) is never "the rest of it".
+  const std::optional<uint64_t> size = regular_size(fd_, path_);
+  if (!size) return false;
   char buf[4096];
-  for (uint64_t off = offset_;;) {
-    const size_t got = pread_at(off, buf, sizeof buf);
+  for (uint64_t off = offset_; off < *size;) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(sizeof buf, *size - off));
+    const size_t got = pread_at(off, buf, want);
     for (size_t i = 0; i < got; ++i) {
       if (buf[i] != 0) return false;
     }
-    if (got < sizeof buf) return true;
+    if (got < want) break;  // the file shrank while reading
     off += got;
   }
+  return true;
 }
 
 void RecordReader::skip_corrupt(const std::string& reason) {
   const std::string where = str_cat(path_, ": record at offset ", offset_, ": ", reason);
   if (!options_.skip_corrupt) throw DataLossError(where);
+  const std::optional<uint64_t> known_size = regular_size(fd_, path_);
+  if (!known_size) {
+    // Resynchronising scans to the end of the file: a device has none.
+    throw DataLossError(str_cat(where, " (not a regular file: cannot skip to a later record)"));
+  }
   // Resynchronise: the first later offset holding a record whose both CRCs verify.
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) throw_file_error(errno, "stat", path_);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = *known_size;
   uint64_t next = offset_ + 1;
   while (next + kRecordHeaderSize + kRecordFooterSize <= size && valid_record_at(next) == 0) ++next;
   if (next + kRecordHeaderSize + kRecordFooterSize > size) next = size;
@@ -137,16 +164,22 @@ bool RecordReader::read(std::string* data) {
                               ": the rest of the file is zero bytes (a write lost in a crash)");
         return false;
       }
+      const bool zeros = std::all_of(h, h + sizeof h, [](char c) { return c == 0; });
       skip_corrupt(str_cat("length CRC mismatch (stored ", hex(stored_len_crc), ", computed ",
-                           hex(len_crc), ")"));
+                           hex(len_crc), ")",
+                           zeros ? ": a header of zero bytes (length 0 with a zero CRC)" : ""));
       continue;
     }
     const uint64_t n = load64(h);
+    const std::optional<uint64_t> size = regular_size(fd_, path_);
+    if (!size && n > kMaxUnboundedRecord) {
+      skip_corrupt(str_cat("record length ", n, " is implausible (more than ", kMaxUnboundedRecord,
+                           " bytes)"));
+      continue;
+    }
     const uint64_t total = kRecordHeaderSize + n + kRecordFooterSize;
-    struct stat st;
-    if (::fstat(fd_, &st) != 0) throw_file_error(errno, "stat", path_);
-    const uint64_t left = static_cast<uint64_t>(st.st_size) - offset_;
-    if (total > left) {
+    const uint64_t left = !size ? total : *size > offset_ ? *size - offset_ : 0;
+    if (n > left || total > left) {
       truncation_ = str_cat("truncated record at offset ", offset_, ": needs ", total,
                             " bytes, file ends after ", left);
       return false;

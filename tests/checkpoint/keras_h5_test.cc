@@ -438,6 +438,41 @@ TEST(KerasH5Read, CorruptMetadataIsDataLossNamingTheFile) {
   }
 }
 
+// A weights-only file with one float32 dataset of shape [`elements`], whose dimension is then
+// overwritten in the file's bytes (the dataspace and any copy of it) to claim `claimed`
+// elements: a header that lies about the size of its data.
+std::string write_lying_dataset(const TempDir& dir, int64_t elements, uint64_t claimed) {
+  const std::string path = dir.file("lying.h5");
+  KerasH5Contents c;
+  c.weights_only = true;
+  std::vector<float> v(static_cast<size_t>(elements), 0.5f);
+  c.layers.push_back({"dense", {{"dense/kernel:0", Tensor::from_vector<float>(v, {elements})}}});
+  write_keras_h5(path, c);
+  std::string bytes = read_bytes(path);
+  const uint64_t from = static_cast<uint64_t>(elements);
+  const std::string old_dim(reinterpret_cast<const char*>(&from), 8);
+  const std::string new_dim(reinterpret_cast<const char*>(&claimed), 8);
+  int patched = 0;
+  for (size_t at = bytes.find(old_dim); at != std::string::npos; at = bytes.find(old_dim, at)) {
+    bytes.replace(at, 8, new_dim);
+    ++patched;
+  }
+  EXPECT_GE(patched, 1) << "the dimension was not found in the file";
+  write_bytes(path, bytes);
+  return path;
+}
+
+TEST(KerasH5Read, ADatasetClaimingMoreBytesThanTheFileIsDataLossBeforeAllocating) {
+  // 512 GB of float32 claimed by a file of 300 KB: refused naming the file, the dataset
+  // and the size, without trying to allocate it.
+  TempDir dir;
+  const std::string path = write_lying_dataset(dir, 77777, uint64_t{1} << 37);
+  const std::string msg = expect_throws<DataLossError>([&] { read_keras_h5(path); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dense/kernel:0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("549755813888 bytes"), std::string::npos) << msg;
+}
+
 // --- Names --------------------------------------------------------------------------------------
 
 TEST(KerasH5Names, PathsAndWeightNames) {

@@ -162,5 +162,43 @@ TEST_F(IdxTest, TruncatedGzipStreamIsDataLoss) {
   }
 }
 
+TEST_F(IdxTest, HeaderClaimingMoreDataThanTheFileHoldsIsDataLossBeforeAllocating) {
+  // 10^9 images of 28x28 (784 GB) with a 100-byte payload: refused from the file's size, naming
+  // the file and the header's dimensions, without allocating them.
+  write_plain(path("lying.idx"), idx_bytes(0x08, {1000000000, 28, 28}, uint8_payload(100)));
+  try {
+    read_idx(path("lying.idx"));
+    FAIL() << "expected DataLossError";
+  } catch (const DataLossError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path("lying.idx")), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[1000000000, 28, 28] (the header's dimensions), got 100"),
+              std::string::npos)
+        << msg;
+  }
+  // Gzipped, the payload is bounded by deflate's ratio (1032:1) times the compressed size.
+  write_gz(path("lying.gz"), idx_bytes(0x0D, {1000000000}, uint8_payload(100)));
+  try {
+    read_idx(path("lying.gz"));
+    FAIL() << "expected DataLossError";
+  } catch (const DataLossError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path("lying.gz")), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected 4000000000 bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("decompresses to at most"), std::string::npos) << msg;
+  }
+}
+
+TEST_F(IdxTest, RankZeroIsDataLossNamingTheFile) {
+  write_plain(path("scalar.idx"), idx_bytes(0x08, {}, {5}));
+  try {
+    read_idx(path("scalar.idx"));
+    FAIL() << "expected DataLossError";
+  } catch (const DataLossError& e) {
+    EXPECT_NE(std::string(e.what()).find(path("scalar.idx")), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::data

@@ -173,5 +173,23 @@ TEST_F(RecordTest, MissingFileIsNotFound) {
   EXPECT_THROW(RecordReader{dir_}, InvalidArgumentError);
 }
 
+TEST(RecordReaderDevice, AnEndlessDeviceOfZerosIsDataLossAtOffsetZeroNotAnEndlessScan) {
+  // /dev/zero has no end: its zero header is not a torn tail (only a regular file has a tail),
+  // and skipping ahead to a valid record would scan forever, so both modes stop at offset 0.
+  for (const bool skip : {false, true}) {
+    SCOPED_TRACE(skip);
+    RecordReader r("/dev/zero", {.skip_corrupt = skip});
+    std::string data;
+    try {
+      r.read(&data);
+      FAIL() << "expected DataLossError";
+    } catch (const DataLossError& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("/dev/zero: record at offset 0: length CRC mismatch", 0), 0u) << msg;
+      EXPECT_NE(msg.find("zero bytes"), std::string::npos) << msg;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::summary

@@ -1,11 +1,7 @@
 // ParameterServer, place_variables, ParameterServerStrategy and ClusterCoordinator in one
 // process: servers and workers are threads on loopback ports (the multi-process tests are in
 // tests/integration/ps_training_test.cc).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <thread>
@@ -13,23 +9,13 @@
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
+#include "testutil/free_port.h"
 
 namespace dtrain::distribute {
 namespace {
 
 using std::chrono::milliseconds;
-
-int free_port() {
-  const int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
-}
+using testutil::free_port;
 
 optim::OptimizerConfig sgd(double lr) {
   return {.class_name = "SGD", .name = "", .hyperparameters = {{"learning_rate", lr}}};

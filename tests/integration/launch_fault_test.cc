@@ -27,6 +27,7 @@
 
 extern char** environ;
 
+#include "testutil/free_port.h"
 #include "testutil/launcher_process.h"
 
 namespace {
@@ -40,19 +41,7 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A TCP port that was free a moment ago on 127.0.0.1.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
+using dtrain::testutil::free_port;
 using Outcome = dtrain::testutil::LaunchOutcome;
 using Launcher = dtrain::testutil::LauncherProcess;
 

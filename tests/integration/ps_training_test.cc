@@ -126,7 +126,14 @@ TEST(PsTraining, KilledServerIsRestoredFromCheckpoint) {
   Job job(2, 2);
   const std::string ckpt = job.dir + "/ckpt";
   job.start_all({"--mode", "async", "--epochs", "2", "--ckpt", ckpt, "--ckpt-every", "256"});
-  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  // Kill once training runs and a checkpoint exists (a fixed delay may land before the chief
+  // has even registered the variables on a loaded machine).
+  const auto deadline = std::chrono::steady_clock::now() + seconds(120);
+  while (!std::filesystem::exists(ckpt + "/ckpt-1.index") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/ckpt-1.index")) << job.chief_log();
   kill(job.ps[1].pid, SIGKILL);
   wait_for(job.ps[1], std::chrono::steady_clock::now() + seconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

@@ -19,6 +19,7 @@
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/adam.h"
 #include "testutil/checkpoint_state_check.h"
+#include "testutil/flip_byte.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
@@ -40,15 +41,6 @@ class CheckpointTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
   std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-  static void flip_byte(const std::string& file, size_t offset) {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(offset));
-    char c;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x01);
-    f.seekp(static_cast<std::streamoff>(offset));
-    f.write(&c, 1);
-  }
   std::string dir_;
   std::vector<std::string> warnings_;
 };
@@ -367,7 +359,8 @@ TEST_F(CheckpointTest, CorruptLatestFallsBackToTheNewestValidCheckpointAndWarns)
   v.tensor().fill(3);
   const std::string third = ckpt.save(path("ckpt"));
   // Data order: object graph, v (12 bytes), save_counter (8 bytes).
-  flip_byte(third + ".data-00000-of-00001", fs::file_size(third + ".data-00000-of-00001") - 12);
+  testutil::flip_byte(third + ".data-00000-of-00001",
+                      fs::file_size(third + ".data-00000-of-00001") - 12);
 
   v.tensor().fill(0);
   try {

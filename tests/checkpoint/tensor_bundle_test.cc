@@ -12,6 +12,7 @@
 #include "checkpoint/object_graph.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "testutil/flip_byte.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
@@ -26,15 +27,6 @@ class BundleTest : public ::testing::Test {
   void SetUp() override { dir_ = testutil::make_temp_dir("dtrain_bundle_test"); }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
-  static void flip_byte(const std::string& file, size_t offset) {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(offset));
-    char c;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(static_cast<std::streamoff>(offset));
-    f.write(&c, 1);
-  }
   std::string dir_;
 };
 
@@ -249,7 +241,7 @@ TEST_F(BundleTest, EveryFlippedDataByteIsDetectedNamingFileAndTensor) {
   const std::string data = path("ckpt.data-00000-of-00001");
   const size_t size = fs::file_size(data);
   for (size_t off = 0; off < size; ++off) {
-    flip_byte(data, off);
+    testutil::flip_byte(data, off);
     BundleReader r(path("ckpt"));
     int detected = 0;
     for (const std::string& key : r.keys()) {
@@ -266,7 +258,7 @@ TEST_F(BundleTest, EveryFlippedDataByteIsDetectedNamingFileAndTensor) {
       }
     }
     EXPECT_EQ(detected, 1) << "offset " << off;
-    flip_byte(data, off);  // restore
+    testutil::flip_byte(data, off);  // restore
   }
 }
 

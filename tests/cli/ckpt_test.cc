@@ -21,6 +21,7 @@
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/checkpoint_manager.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
+#include "testutil/flip_byte.h"
 #include "testutil/run_dtrain.h"
 #include "testutil/temp_dir.h"
 
@@ -57,15 +58,8 @@ class CkptCliTest : public ::testing::Test {
   }
 
   // Flips one byte of the data file of `prefix` at `offset`.
-  static void flip_byte(const std::string& prefix, std::streamoff offset) {
-    const std::string path = checkpoint::data_filename(prefix, 0, 1);
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(offset);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(offset);
-    f.write(&c, 1);
+  static void flip_data_byte(const std::string& prefix, uint64_t offset) {
+    testutil::flip_byte(checkpoint::data_filename(prefix, 0, 1), offset, 0x5a);
   }
 
   static std::string read_bytes(const std::string& path) {
@@ -114,7 +108,7 @@ TEST_F(CkptCliTest, LsMarksACorruptedCheckpoint) {
   write_checkpoints();
   const std::string corrupted = dir_ + "/run/ckpt-2";
   const auto size = fs::file_size(checkpoint::data_filename(corrupted, 0, 1));
-  flip_byte(corrupted, static_cast<std::streamoff>(size) - 10);  // inside b (save_counter is last)
+  flip_data_byte(corrupted, size - 10);  // inside b (save_counter is last)
   const Result r = run("ckpt ls --json " + dir_ + "/run", /*with_stderr=*/false);
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);
@@ -142,7 +136,7 @@ TEST_F(CkptCliTest, VerifyExitsWithDataLossNamingTheTensor) {
   EXPECT_TRUE(contains(ok.output, "every CRC32C matches")) << ok.output;
   // The data file ends with w (16 bytes), b (4 bytes), save_counter (8 bytes): flip one of b.
   const auto size = fs::file_size(checkpoint::data_filename(prefix, 0, 1));
-  flip_byte(prefix, static_cast<std::streamoff>(size) - 10);
+  flip_data_byte(prefix, size - 10);
   const Result bad = run("ckpt verify " + prefix);
   EXPECT_EQ(bad.code, 4) << bad.output;
   EXPECT_TRUE(contains(bad.output, "dtrain: error: DATA_LOSS")) << bad.output;

@@ -23,6 +23,7 @@
 
 extern char** environ;
 
+#include "testutil/free_port.h"
 #include "testutil/launcher_process.h"
 #include "testutil/run_dtrain.h"
 
@@ -35,6 +36,7 @@ using Clock = std::chrono::steady_clock;
 // A worker loop that ends by itself (30 s) even if nobody stops it.
 constexpr const char* kIdle = "for i in $(seq 600); do sleep 0.05; done";
 
+using dtrain::testutil::free_port;
 using Outcome = dtrain::testutil::LaunchOutcome;
 using Launcher = dtrain::testutil::LauncherProcess;
 
@@ -43,20 +45,6 @@ std::vector<std::string> lines_of(const std::string& s) {
   std::istringstream in(s);
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
-}
-
-// A TCP port that was free a moment ago on 127.0.0.1.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 class LaunchTest : public ::testing::Test {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "testutil/free_port.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::testing {
@@ -82,19 +83,7 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// A port that was free on 127.0.0.1 a moment ago (bind to port 0, read it, close).
-inline int free_port() {
-  const int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  close(s);
-  return ntohs(a.sin_port);
-}
-
+using testutil::free_port;      // a port that was free on 127.0.0.1 a moment ago
 using testutil::make_temp_dir;  // a fresh directory under /tmp; the caller removes it
 
 }  // namespace dtrain::testing

@@ -12,6 +12,7 @@
 #include "distribute_process.h"
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
+#include "dtrain/distribute/parameter_server_strategy.h"
 
 namespace dtrain::testing {
 namespace {
@@ -125,12 +126,20 @@ TEST(PsTraining, KilledServerIsRestoredFromCheckpoint) {
   Job job(2, 2);
   const std::string ckpt = job.dir + "/ckpt";
   job.start_all({"--mode", "async", "--epochs", "2", "--ckpt", ckpt, "--ckpt-every", "256"});
-  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  // Kill once training runs and a checkpoint exists (a fixed delay may land before the chief
+  // has even registered the variables on a loaded machine).
+  const auto deadline = std::chrono::steady_clock::now() + seconds(120);
+  while (!std::filesystem::exists(ckpt + "/ckpt-1.index") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(std::filesystem::exists(ckpt + "/ckpt-1.index")) << job.chief_log();
   kill(job.ps[1].pid, SIGKILL);
   wait_for(job.ps[1], std::chrono::steady_clock::now() + seconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   job.ps[1] = job.start("ps", 1, {});
-  ASSERT_EQ(job.wait_chief(), 0) << job.chief_log();
+  // Two epochs plus a recovery take ~25 s idle and over 120 s at a load of 20 on 2 cores.
+  ASSERT_EQ(job.wait_chief(/*limit_s=*/270), 0) << job.chief_log();
   const std::string log = job.chief_log();
   EXPECT_NE(log.find("restoring every server from"), std::string::npos) << log;
   EXPECT_NE(log.find("ps versions:"), std::string::npos) << log;
@@ -139,7 +148,7 @@ TEST(PsTraining, KilledServerIsRestoredFromCheckpoint) {
   const auto latest = checkpoint::latest_checkpoint(ckpt);
   ASSERT_TRUE(latest.has_value());
   const checkpoint::BundleReader reader(*latest);
-  EXPECT_EQ(reader.num_shards(), 2);
+  EXPECT_EQ(reader.num_shards(), 3);  // two servers and the chief's position
   int shard1 = 0;
   for (const std::string& key : reader.keys()) {
     EXPECT_NO_THROW(reader.read(key)) << key;
@@ -149,6 +158,81 @@ TEST(PsTraining, KilledServerIsRestoredFromCheckpoint) {
   EXPECT_TRUE(reader.contains("iteration"));
   EXPECT_TRUE(reader.contains("dense/kernel"));
   EXPECT_TRUE(reader.contains("Adam/m/dense/kernel"));
+}
+
+// The chief's recovery after a server's SIGKILL, with the chief and a worker in this process and
+// the servers as ps_worker processes: recover() is called the moment the server is dead and must
+// wait for its restart and leave every server holding the checkpoint; a worker whose channel to
+// the lost server is in gRPC's reconnect backoff pulls at once afterwards (no sleep in between).
+TEST(PsRecovery, RecoverRightAfterAKillWaitsForTheRestartedServer) {
+  Job job(2, 1);
+  for (int i = 0; i < 2; ++i) job.ps.push_back(job.start("ps", i, {}));
+  auto spec = [&](const std::string& type) {
+    distribute::ClusterSpec s;
+    s.source = "test";
+    s.jobs["chief"] = {"127.0.0.1:" + std::to_string(job.chief_port)};
+    s.jobs["worker"] = {"127.0.0.1:" + std::to_string(job.worker_ports[0])};
+    for (int p : job.ps_ports) s.jobs["ps"].push_back("127.0.0.1:" + std::to_string(p));
+    s.task_type = type;
+    return s;
+  };
+  distribute::ParameterServerStrategy chief({.cluster = spec("chief")});
+  distribute::ParameterServerStrategy worker({.cluster = spec("worker")});
+  auto make_vars = [](std::vector<std::unique_ptr<Variable>>& own) {
+    own.push_back(std::make_unique<Variable>("a", Tensor::full(Shape{64, 32}, 0.5)));
+    own.push_back(std::make_unique<Variable>("b", Tensor::full(Shape{48, 16}, -0.25)));
+    std::vector<Variable*> out;
+    for (auto& v : own) out.push_back(v.get());
+    return out;
+  };
+  std::vector<std::unique_ptr<Variable>> chief_own, worker_own;
+  const std::vector<Variable*> vars = make_vars(chief_own), wvars = make_vars(worker_own);
+  std::vector<Tensor> initial;
+  for (Variable* v : vars) initial.push_back(v->tensor().clone());
+  chief.create_variables(vars, {.class_name = "Adam", .name = "", .hyperparameters = {}});
+  worker.attach_variables(wvars);
+  ASSERT_NE(chief.placement()[0].shards[0].ps, chief.placement()[1].shards[0].ps);
+  const std::vector<Tensor> grads = {Tensor::full(Shape{64, 32}, 0.125),
+                                     Tensor::full(Shape{48, 16}, -1.0)};
+  for (int i = 0; i < 3; ++i) worker.push(worker.pull(wvars), grads);
+  const std::string prefix = job.dir + "/ckpt/ckpt-1";
+  chief.save(prefix);
+  chief.pull(vars);
+  std::vector<Tensor> saved;
+  for (Variable* v : vars) saved.push_back(v->tensor().clone());
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    worker.push(worker.pull(wvars), grads);  // the servers move past the checkpoint
+    kill(job.ps[1].pid, SIGKILL);
+    wait_for(job.ps[1], std::chrono::steady_clock::now() + seconds(5));
+    // The worker notices the loss (its channel to the server goes into reconnect backoff).
+    EXPECT_THROW(worker.push(worker.pull(wvars), grads), UnavailableError);
+    std::thread restart([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      job.ps[1] = job.start("ps", 1, {});
+    });
+    for (size_t v = 0; v < vars.size(); ++v) vars[v]->assign(initial[v]);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      chief.recover(vars, prefix);
+    } catch (const Error& e) {
+      restart.join();
+      FAIL() << "recover: " << e.what();
+    }
+    restart.join();
+    std::printf("round %d: recover took %.0f ms\n", round,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count());
+    // At once: the worker's pull reaches the restarted server and sees the checkpoint.
+    ASSERT_NO_THROW(worker.pull(wvars));
+    for (size_t v = 0; v < vars.size(); ++v) {
+      ASSERT_EQ(std::memcmp(wvars[v]->tensor().raw_data(), saved[v].raw_data(),
+                            static_cast<size_t>(saved[v].nbytes())),
+                0)
+          << wvars[v]->name();
+    }
+    for (const auto& st : chief.server_stats()) EXPECT_TRUE(st.initialized);
+  }
 }
 
 TEST(PsTraining, SynchronousMatchesMultiWorkerMirrored) {

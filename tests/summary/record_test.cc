@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtrain/core/error.h"
+#include "testutil/flip_byte.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::summary {
@@ -40,14 +41,6 @@ class RecordTest : public ::testing::Test {
     return offsets;
   }
   static std::string payload(int i) { return "record " + std::to_string(i) + std::string(i, '*'); }
-  void flip_byte(uint64_t offset) {
-    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(offset));
-    char c;
-    f.get(c);
-    f.seekp(static_cast<std::streamoff>(offset));
-    f.put(static_cast<char>(c ^ 0x01));
-  }
 
   std::string dir_, path_;
 };
@@ -118,7 +111,7 @@ TEST_F(RecordTest, ResumesWhenTheTornTailIsCompleted) {
 
 TEST_F(RecordTest, FlippedDataByteIsDataLossNamingTheOffset) {
   const auto offsets = write_records(4);
-  flip_byte(offsets[2] + 12 + 3);
+  testutil::flip_byte(path_, offsets[2] + 12 + 3);
   RecordReader r(path_);
   std::string data;
   ASSERT_TRUE(r.read(&data));
@@ -136,7 +129,7 @@ TEST_F(RecordTest, FlippedDataByteIsDataLossNamingTheOffset) {
 
 TEST_F(RecordTest, FlippedLengthByteIsDataLoss) {
   const auto offsets = write_records(3);
-  flip_byte(offsets[1] + 2);
+  testutil::flip_byte(path_, offsets[1] + 2);
   RecordReader r(path_);
   std::string data;
   ASSERT_TRUE(r.read(&data));
@@ -153,8 +146,8 @@ TEST_F(RecordTest, FlippedLengthByteIsDataLoss) {
 
 TEST_F(RecordTest, SkipCorruptResynchronises) {
   const auto offsets = write_records(6);
-  flip_byte(offsets[1] + 1);       // length
-  flip_byte(offsets[4] + 12 + 2);  // data
+  testutil::flip_byte(path_, offsets[1] + 1);       // length
+  testutil::flip_byte(path_, offsets[4] + 12 + 2);  // data
   RecordReader r(path_, {.skip_corrupt = true});
   std::vector<std::string> got;
   std::string data;

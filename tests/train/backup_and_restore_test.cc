@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -146,42 +147,71 @@ namespace dtrain::train {
 namespace {
 
 // A step whose gradients are non-finite is skipped; three in a row roll back to the last backup.
+// The model's weights and the optimizer's variables (slots and iteration count), copied.
+std::vector<Tensor> training_state(nn::Model& model) {
+  std::vector<Tensor> out;
+  for (Variable* v : model.weights()) out.push_back(v->tensor().clone());
+  for (Variable* v : model.optimizer()->variables()) out.push_back(v->tensor().clone());
+  return out;
+}
+
+bool bitwise_equal(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].nbytes() != b[i].nbytes() ||
+        std::memcmp(a[i].raw_data(), b[i].raw_data(), static_cast<size_t>(a[i].nbytes())) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 TEST_F(BackupAndRestoreTest, NonFiniteStepsAreSkippedAndRolledBack) {
-  Data d = make_data(160);  // 10 batches of 16 per epoch
-  // Batches are not shuffled below; poison rows of batches 6, 7 and 8 (0-based) of epoch 1.
-  for (int64_t row : {6 * 16 + 1, 7 * 16 + 2, 8 * 16 + 3}) d.x.data<float>()[row * 6] = NAN;
+  Data d = make_data(160);  // 10 batches of 16 per epoch, not shuffled below
+  // Backups are taken after steps 4 and 8. Step 5 (batch 4) trains, so the live state moves
+  // away from the backup of step 4; batches 5, 6 and 7 (steps 6-8) carry a NaN, so their
+  // updates are skipped and the third one rolls back to the backup of step 4 before step 8's
+  // own backup; batches 8 and 9 train again.
+  for (int64_t row : {5 * 16 + 1, 6 * 16 + 2, 7 * 16 + 3}) d.x.data<float>()[row * 6] = NAN;
   set_random_seed(5);
   nn::Sequential model(
       {nn::Dense(8, {.activation = "relu", .input_shape = Shape{6}}), nn::Dense(3)});
   model.compile(
       {.optimizer = "adam", .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
-  std::vector<Tensor> at_backup;
-  int64_t steps = 0;
+  std::vector<std::vector<Tensor>> after;  // the state after each batch
+  std::vector<int64_t> iterations;         // the optimizer's iterations after each batch
   auto watch = std::make_shared<LambdaCallback>(
       LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
-        ++steps;
-        if (steps == 4) {  // the backup after step 4 is the last good one before the poison
-          for (Variable* v : model.weights()) at_backup.push_back(v->tensor().clone());
-        }
-        for (Variable* v : model.weights()) ASSERT_TRUE(ops::all_finite(v->tensor())) << steps;
+        after.push_back(training_state(model));
+        iterations.push_back(model.optimizer()->iterations());
       }});
   testing::internal::CaptureStderr();
-  const auto h = model.fit(d.x, d.y,
-                           {.epochs = 1,
-                            .batch_size = 16,
-                            .shuffle = false,
-                            .verbose = 0,
-                            .callbacks = {std::make_shared<BackupAndRestore>(
-                                              dir_, BackupAndRestoreOptions{.save_freq = 4}),
-                                          watch},
-                            .skip_nonfinite = true,
-                            .rollback_after_nonfinite = 3});
+  const auto h =
+      model.fit(d.x, d.y,
+                {.epochs = 1,
+                 .batch_size = 16,
+                 .shuffle = false,
+                 .verbose = 0,
+                 .callbacks = {watch, std::make_shared<BackupAndRestore>(
+                                          dir_, BackupAndRestoreOptions{.save_freq = 4})},
+                 .skip_nonfinite = true,
+                 .rollback_after_nonfinite = 3});
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("update skipped (3 in a row)"), std::string::npos) << err;
   EXPECT_NE(err.find("rolled back to the last good checkpoint"), std::string::npos) << err;
   EXPECT_TRUE(std::isfinite(h.last("loss")));
-  EXPECT_EQ(model.optimizer()->iterations(), 7);  // 10 steps, 3 skipped
-  ASSERT_FALSE(at_backup.empty());
+  ASSERT_EQ(after.size(), 10u);
+  EXPECT_EQ(iterations, (std::vector<int64_t>{1, 2, 3, 4, 5, 5, 5, 4, 5, 6}));
+  // The step after the backup changed the state: a rollback to it is observable.
+  EXPECT_FALSE(bitwise_equal(after[4], after[3]));
+  // The first two skipped steps leave the state alone; the third restores the backup of step 4,
+  // weights, Adam's slots and iteration count, bit for bit.
+  EXPECT_TRUE(bitwise_equal(after[5], after[4]));
+  EXPECT_TRUE(bitwise_equal(after[6], after[4]));
+  EXPECT_TRUE(bitwise_equal(after[7], after[3]));
+  for (const auto& state : after) {
+    for (const Tensor& t : state) ASSERT_TRUE(ops::all_finite(t));
+  }
 }
 
 TEST_F(BackupAndRestoreTest, NonFiniteStateIsNeverBackedUp) {

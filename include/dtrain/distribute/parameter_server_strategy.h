@@ -17,8 +17,10 @@
 // Model::fit does all of this under a ParameterServerStrategy scope (docs/parameter-server.md).
 // Failures: a worker that dies has its closures run elsewhere and is used again once it answers;
 // a lost server makes the closures fail and join() throw UnavailableError naming it, after which
-// recover() restores every server from a checkpoint. Thread-safety: the strategy's pull/push/
-// save/restore may be called from any thread; ClusterCoordinator is thread-safe.
+// recover() / recover_latest() restore every server from a checkpoint (save() records the epoch
+// and step it was taken at, so the chief knows where to continue). Thread-safety: the
+// strategy's pull/push/save/restore may be called from any thread; ClusterCoordinator is
+// thread-safe.
 #pragma once
 
 #include <chrono>
@@ -46,8 +48,13 @@ struct ParameterServerStrategyOptions {
   bool synchronous = false;
   // Deadline of one pull, push, save or restore call.
   std::chrono::milliseconds rpc_timeout = std::chrono::seconds(30);
-  // How long create_variables / recover wait for every server to answer.
+  // How long create_variables waits for every server to answer, and recover / recover_latest
+  // for every server to be back and hold the restored state.
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
+  // A call to a server whose connection was lost first waits up to this long for gRPC to
+  // reconnect (its reconnect backoff is at most 500 ms), so that the first pull after a server
+  // came back does not fail; a server that stays away fails the call after this wait.
+  std::chrono::milliseconds reconnect_grace = std::chrono::seconds(2);
   // A worker's serve() returns (DeadlineExceededError) when no closure or probe came from the
   // chief for this long, so an orphaned worker does not live forever. 0: wait forever.
   std::chrono::milliseconds worker_idle_timeout = std::chrono::minutes(5);
@@ -73,6 +80,19 @@ struct PushResult {
   int64_t staleness = 0;  // largest over the servers: updates applied since the pull
   double pull_ms = 0;     // unused by push; filled by callers that time their pull
   double push_ms = 0;     // wall time of the push
+};
+
+// Where training stood when a checkpoint was taken: save() records it in the checkpoint (int64
+// scalars "dtrain/epoch" and "dtrain/step_in_epoch"), restore_latest() reports it.
+struct TrainingPosition {
+  int64_t epoch = 0;  // the epoch to continue with (0-based, as fit's initial_epoch)
+  int64_t step = 0;   // steps of that epoch already applied
+};
+
+// A checkpoint of the servers found (and restored) by restore_latest() / recover_latest().
+struct ParameterServerCheckpoint {
+  std::string prefix;         // "<dir>/<name>", without ".index"
+  TrainingPosition position;  // as given to save()
 };
 
 // A worker's step function: integer arguments in, numbers out (losses, metric totals).
@@ -127,19 +147,41 @@ class ParameterServerStrategy final : public Strategy {
   PushResult push(const PullToken& token, std::span<const Tensor> grads,
                   const PushOptions& options = {});
 
-  // Every server writes its shard (`<prefix>_temp/part-<ps>`), then the shards are merged into
-  // one TensorFlow checkpoint `<prefix>.index` + `<prefix>.data-0000i-of-0000N` (keys are
-  // variable names; slots "<Optimizer>/<slot>/<variable>"; "iteration"), and `<dir>/checkpoint`
-  // is updated to name it. The caller must not push meanwhile. Throws UnavailableError for a
-  // lost server, file errors naming the path.
-  void save(const std::string& prefix);
-  // Every server reads its variables and slots back from the checkpoint at `prefix`. Throws
-  // NotFoundError, DataLossError, UnavailableError.
+  // Every server writes its shard (`<prefix>_temp/part-<ps>`: its variables, the optimizer's
+  // slots for them, and on server 0 the iteration count), the chief writes `position`, then the
+  // shards are merged into one TensorFlow checkpoint `<prefix>.index` +
+  // `<prefix>.data-0000i-of-0000N` (N = servers + 1; keys are variable names, slots
+  // "<Optimizer>/<slot>/<variable>" as Optimizer names its slot variables, e.g. "Adam/m/dense/
+  // kernel", "iteration", "dtrain/epoch", "dtrain/step_in_epoch"), and `<dir>/checkpoint` is
+  // updated to name it. The caller must not push meanwhile. Throws UnavailableError for a lost
+  // server, file errors naming the path.
+  void save(const std::string& prefix, const TrainingPosition& position = {});
+  // Every server reads its variables, slots and iteration count back from the checkpoint at
+  // `prefix`. Throws NotFoundError, DataLossError, UnavailableError.
   void restore(const std::string& prefix);
-  // After a server failure: waits (up to connect_timeout) until every server answers, registers
-  // the variables again (values of `vars` as they are now) and, when `prefix` is not empty,
-  // restores every server from it. Throws UnavailableError when a server stays away.
+  // Chief, after create_variables or recover: restores every server from the newest valid
+  // checkpoint save() wrote into `dir` — the largest recorded (epoch, step), ties to the newer
+  // index file — and returns it with its position; std::nullopt (servers untouched) when `dir`
+  // does not exist or holds none. Valid: the index and every tensor's CRC check out and every
+  // variable shard and optimizer slot of this model is there with its shape; the `checkpoint`
+  // state file is not consulted. Invalid ones are skipped with a warning on stderr naming them.
+  // Throws UnavailableError for a lost server, DataLossError when restores were attempted and
+  // none succeeded (the servers may then hold a mix), FailedPreconditionError before
+  // create_variables.
+  std::optional<ParameterServerCheckpoint> restore_latest(const std::string& dir);
+  // After a server failure: waits until every server answers, registers the variables again
+  // (values of `vars` as they are now) and, when `prefix` is not empty, restores every server
+  // from it; then checks that every server is initialized and is the process that was
+  // registered. A server that is still restarting, restarts again meanwhile, or whose
+  // connection is not back yet is retried (backoff 50 ms to 1 s) until connect_timeout has
+  // passed; when this returns, pulls from any process see the restored state. Throws
+  // UnavailableError naming the server and the last error when the servers do not all come
+  // back in time, and NotFoundError / DataLossError from the restore without retrying.
   void recover(std::span<Variable* const> vars, const std::string& prefix);
+  // recover() from the newest valid checkpoint in `dir` (restore_latest), retried the same way;
+  // returns it, or std::nullopt when `dir` holds none (the servers then hold `vars`).
+  std::optional<ParameterServerCheckpoint> recover_latest(std::span<Variable* const> vars,
+                                                          const std::string& dir);
   // Statistics of every server (Status RPC); throws UnavailableError for a lost one.
   std::vector<ParameterServerStats> server_stats();
 
@@ -156,6 +198,16 @@ class ParameterServerStrategy final : public Strategy {
  private:
   friend class ClusterCoordinator;
   struct Impl;
+  // Waits (until `deadline`) for every server to answer, then registers the variables and the
+  // optimizer; returns every server's incarnation.
+  std::vector<uint64_t> register_variables(std::span<Variable* const> vars,
+                                           std::chrono::steady_clock::time_point deadline);
+  // Runs `attempt` (register, restore, confirm) until it succeeds or connect_timeout passes,
+  // retrying UnavailableError and DeadlineExceededError.
+  void with_recovery_retries(
+      const char* what, const std::function<void(std::chrono::steady_clock::time_point)>& attempt);
+  // Throws UnavailableError unless every server is initialized with the given incarnation.
+  void confirm_registered(const std::vector<uint64_t>& incarnations);
   ClusterSpec cluster_;
   ParameterServerStrategyOptions options_;
   std::vector<std::string> ps_addresses_;

@@ -25,7 +25,8 @@ void check_element(const data::Element& e) {
 std::shared_ptr<Callback> TrainStep::make_backup(const FitOptions& options) {
   return std::make_shared<BackupAndRestore>(
       options.checkpoint_dir, BackupAndRestoreOptions{.save_freq = options.checkpoint_every,
-                                                      .enable_async = options.async_checkpoints});
+                                                      .enable_async = options.async_checkpoints,
+                                                      .restore = options.resume});
 }
 
 FitLoop::FitLoop(nn::Model& model, TrainingState& s, const MakeDataset& make_dataset,

@@ -7,13 +7,14 @@
 // fit per process).
 #include <chrono>
 #include <cstdio>
-#include <thread>
+#include <filesystem>
 
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
+#include "fit_loop.h"
 #include "train_step.h"
 
 namespace dtrain::train {
@@ -65,11 +66,43 @@ struct BatchSource {
 
 class ParameterServerStep;
 
+// The largest N of the "ckpt-<N>.index" files in `dir` (0 when none).
+int64_t newest_number(const std::string& dir) {
+  int64_t newest = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || name.size() < 11 ||
+        name.compare(name.size() - 6, 6, ".index") != 0) {
+      continue;
+    }
+    const std::string digits = name.substr(5, name.size() - 11);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (digits.size() < 18) newest = std::max(newest, std::stoll(digits));
+  }
+  return newest;
+}
+
+// Deletes a merged checkpoint's files: `<prefix>.index` and `<prefix>.data-*`.
+void remove_checkpoint_files(const std::string& prefix) {
+  const std::filesystem::path p(prefix);
+  const std::string stem = p.filename().string();
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(p.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == stem + ".index" || name.rfind(stem + ".data-", 0) == 0) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
+}
+
 // fit(save_checkpoints) under the strategy: the servers write their shards and the chief merges
 // the index (strategy.save), every checkpoint_every steps and at the end of each epoch.
 class ServerBackup final : public Callback {
  public:
   explicit ServerBackup(ParameterServerStep& step) : step_(step) {}
+  // Resumes from the newest valid backup of the servers in checkpoint_dir (options.resume).
+  void on_train_begin(const Logs&) override;
   void on_epoch_begin(int64_t epoch, const Logs&) override { epoch_ = epoch; }
   void on_train_batch_end(int64_t batch, const Logs&) override;
   void on_epoch_end(int64_t epoch, const Logs&) override;
@@ -185,8 +218,33 @@ class ParameterServerStep final : public TrainStep {
   }
   void save(int64_t epoch, int64_t step) {
     const std::string prefix = str_cat(options_.checkpoint_dir, "/ckpt-", ++checkpoints_);
-    strategy_.save(prefix);
+    strategy_.save(prefix, {.epoch = epoch, .step = step});
     restart_ = {epoch, step, prefix};
+    // Keep the newest kKeep backups this run wrote (the older ones' files go).
+    written_.push_back(prefix);
+    while (written_.size() > kKeep) {
+      remove_checkpoint_files(written_.front());
+      written_.erase(written_.begin());
+    }
+  }
+
+  // ServerBackup::on_train_begin: the servers take the newest valid backup in checkpoint_dir;
+  // returns where training continues and the backup's prefix.
+  std::optional<std::pair<FitPosition, std::string>> restore_latest() {
+    // Number new backups after every existing one, whether or not it is restored.
+    checkpoints_ = std::max(checkpoints_, newest_number(options_.checkpoint_dir));
+    if (!options_.resume) return std::nullopt;
+    const auto found = strategy_.restore_latest(options_.checkpoint_dir);
+    if (!found) return std::nullopt;
+    restart_ = {found->position.epoch, found->position.step, found->prefix};
+    FitPosition at;
+    at.epoch = found->position.epoch;
+    at.step_in_epoch = found->position.step;
+    at.data_seed = data_seed_;
+    std::fprintf(stderr, "fit: resumed the parameter servers from %s at epoch %lld, step %lld\n",
+                 found->prefix.c_str(), static_cast<long long>(at.epoch + 1),
+                 static_cast<long long>(at.step_in_epoch));
+    return std::make_pair(at, found->prefix);
   }
 
  private:
@@ -209,12 +267,9 @@ class ParameterServerStep final : public TrainStep {
     if (restart_.prefix.empty()) {
       for (size_t v = 0; v < trainable_.size(); ++v) trainable_[v]->assign(initial_[v]);
     }
+    // recover() retries until every server is back and holds the restored state, and calls wait
+    // for a reconnecting channel, so the closures can be rescheduled at once.
     strategy_.recover(trainable_, restart_.prefix);
-    // The workers' channels to the restarted server may still be in gRPC's reconnect backoff
-    // (at most 500 ms, see ps_channel in parameter_server_strategy.cc), where calls fail at once:
-    // let them reconnect before rescheduling, or every retry would fail and count as a new
-    // recovery.
-    std::this_thread::sleep_for(std::chrono::milliseconds(600));
     coordinator_->reset_error();
     StepOutcome out;
     if (restart_.epoch != epoch_) {
@@ -260,13 +315,22 @@ class ParameterServerStep final : public TrainStep {
   std::vector<Variable*> trainable_;
   std::vector<Tensor> initial_;
   std::unique_ptr<ClusterCoordinator> coordinator_;
+  static constexpr size_t kKeep = 3;
   RestartPoint restart_;
   int64_t checkpoints_ = 0;
+  std::vector<std::string> written_;  // backups this run wrote, oldest first
   int recoveries_ = 0;
   int64_t epoch_ = 0;
   std::vector<std::vector<double>> results_;  // per step of this epoch, summed over parts
   Totals totals_;
 };
+
+void ServerBackup::on_train_begin(const Logs&) {
+  const auto at = step_.restore_latest();
+  if (!at) return;
+  TrainingState& s = state_of(*model(), "fit");
+  s.loop->resume_at(at->first, at->second);
+}
 
 void ServerBackup::on_train_batch_end(int64_t batch, const Logs&) {
   step_.maybe_save(epoch_, batch + 1);

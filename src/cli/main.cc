@@ -12,7 +12,8 @@
 namespace {
 
 // Exit codes: 0 ok, 1 unexpected, 2 usage / invalid argument, 3 not found, 4 data loss,
-// 5 unavailable, 6 deadline exceeded, 7 aborted (preempted), 8 failed precondition.
+// 5 unavailable, 6 deadline exceeded, 7 aborted (preempted), 8 failed precondition, 9 permission
+// denied (a read-only or unwritable destination).
 int exit_code(dtrain::ErrorCode code) {
   switch (code) {
     case dtrain::ErrorCode::kInvalidArgument:
@@ -30,6 +31,8 @@ int exit_code(dtrain::ErrorCode code) {
       return 7;
     case dtrain::ErrorCode::kFailedPrecondition:
       return 8;
+    case dtrain::ErrorCode::kPermissionDenied:
+      return 9;
     default:
       return 1;
   }

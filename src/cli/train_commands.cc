@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "dtrain/core/file.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/thread_pool.h"
 #include "dtrain/data/csv.h"
@@ -501,6 +502,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       const Data d = load_data(data_flags, false);
       DTRAIN_CHECK(d.test.x.defined(), "predict: no test data given");
       auto model = make_model(model_flags, d);
+      // Created before predicting, so that an unwritable destination fails first; the CSV
+      // replaces the file whole at the end, or (on any error) not at all.
+      std::optional<AtomicFile> csv;
+      if (!predict_out.empty()) csv.emplace(predict_out);
       const Tensor out = model->predict(d.test.x, {.batch_size = train_flags.batch_size});
       const Tensor classes = ops::argmax(out.rank() == 2 ? out : out.reshape(Shape{out.dim(0), 1}));
       for (int64_t i = 0; i < std::min<int64_t>(predict_count, classes.num_elements()); ++i) {
@@ -508,16 +513,23 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                     static_cast<long long>(classes.data<int64_t>()[i]),
                     static_cast<long long>(ops::label_at(d.test.y, i)));
       }
-      if (!predict_out.empty()) {
-        std::ofstream o(predict_out);
-        if (!o) throw NotFoundError("cannot write '" + predict_out + "'");
+      if (csv) {
         const int64_t cols = out.num_elements() / out.dim(0);
+        const float* p = out.data<float>();
+        std::string row;
         for (int64_t r = 0; r < out.dim(0); ++r) {
+          row.clear();
           for (int64_t c = 0; c < cols; ++c) {
-            o << (c ? "," : "") << out.data<float>()[r * cols + c];
+            char buf[32];
+            // %g: what an ostream prints for a float by default.
+            const int n = std::snprintf(buf, sizeof buf, c ? ",%g" : "%g",
+                                        static_cast<double>(p[r * cols + c]));
+            row.append(buf, static_cast<size_t>(n));
           }
-          o << "\n";
+          row += '\n';
+          csv->append(row);
         }
+        csv->commit();
       }
       return 0;
     };

@@ -49,6 +49,8 @@ const char* error_code_name(ErrorCode code) {
       throw NotFoundError(message);
     case ErrorCode::kAlreadyExists:
       throw AlreadyExistsError(message);
+    case ErrorCode::kPermissionDenied:
+      throw PermissionDeniedError(message);
     case ErrorCode::kDeadlineExceeded:
       throw DeadlineExceededError(message);
     case ErrorCode::kFailedPrecondition:

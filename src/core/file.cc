@@ -51,7 +51,7 @@ void throw_file_error(int err, std::string_view operation, const std::string& pa
     case EACCES:
     case EPERM:
     case EROFS:
-      throw Error(ErrorCode::kPermissionDenied, msg);
+      throw PermissionDeniedError(msg);
     case EEXIST:
       throw AlreadyExistsError(msg);
     case EIO:

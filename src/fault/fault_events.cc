@@ -85,9 +85,15 @@ void FaultRecorder::record(const FaultEvent& e) {
       if (e.world_size) writer_->scalar("launcher/world_size", *e.world_size, step);
     }
   } catch (const std::exception& ex) {
+    // The job goes on (its workers and checkpoints do not depend on the record); later events
+    // are tried again, and the log keeps whole lines only.
     if (!warned_) {
       warned_ = true;
-      const std::string line = str_cat("[launch] cannot record fault events: ", ex.what(), "\n");
+      const auto* err = dynamic_cast<const Error*>(&ex);
+      const std::string line =
+          str_cat("[launch] warning: cannot record fault events: ",
+                  err != nullptr ? str_cat(error_code_name(err->code()), ": ") : std::string(),
+                  ex.what(), "; the job goes on\n");
       [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
     }
   }

@@ -22,7 +22,8 @@ EventLog::EventLog(std::string path, EventLogOptions options)
     std::filesystem::create_directories(parent, ec);
     if (ec) throw_file_error(ec.value(), "mkdir", parent.string());
   }
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // Read access too: remove_torn_line reads the end back.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_file_error(errno, "open", path_);
 }
 
@@ -35,14 +36,35 @@ void EventLog::append(std::string_view json_object) {
   DTRAIN_CHECK(j.is_object(), "EventLog::append: not a JSON object: ", json_object.substr(0, 200));
   const std::string line = j.dump() + "\n";
   std::lock_guard lock(mutex_);
-  // One write(2): with O_APPEND the line lands whole at the end even with other writers.
-  const ssize_t w = ::write(fd_, line.data(), line.size());
-  if (w < 0) throw_file_error(errno, "write", path_);
-  if (static_cast<size_t>(w) != line.size()) {
-    throw ResourceExhaustedError(
-        str_cat("write ", path_, ": short write of ", w, " of ", line.size(), " bytes"));
+  // One write(2): with O_APPEND the line lands whole at the end even with other writers. A
+  // regular file takes less only when it is full (or a signal interrupts): then the rest is
+  // written, and when that fails the torn start of the line is removed, so that the log holds
+  // whole lines only and later events still parse.
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      if (done > 0) remove_torn_line(std::string_view(line).substr(0, done));
+      throw_file_error(err, "write", path_);
+    }
+    done += static_cast<size_t>(w);
   }
   if (options_.fsync && ::fdatasync(fd_) != 0) throw_file_error(errno, "fsync", path_);
+}
+
+void EventLog::remove_torn_line(std::string_view written) {
+  const off_t end = ::lseek(fd_, 0, SEEK_END);
+  const auto n = static_cast<off_t>(written.size());
+  if (end < n) return;
+  // Only when the file still ends with these bytes (no other writer appended since).
+  std::string tail(written.size(), '\0');
+  if (::pread(fd_, tail.data(), tail.size(), end - n) != static_cast<ssize_t>(tail.size()) ||
+      tail != written) {
+    return;
+  }
+  [[maybe_unused]] const int rc = ::ftruncate(fd_, end - n);
 }
 
 std::vector<std::string> read_event_log(const std::string& path) {

@@ -72,10 +72,12 @@ SummaryWriter::SummaryWriter(std::string logdir, SummaryWriterOptions options)
   try {
     buffer_ = encode_record(encode_event(version));
     queued_ = 1;
-    flush_locked();
+    write_buffer_locked();
   } catch (...) {
+    // Nothing of it was written: leave no empty or partial event file behind.
     ::close(fd_);
     fd_ = -1;
+    ::unlink(path_.c_str());
     throw;
   }
   flusher_ = std::thread([this] { flush_loop(); });
@@ -172,6 +174,7 @@ void SummaryWriter::write_event(const Event& event) {
   }
   std::unique_lock lock(mutex_);
   check_open_locked();
+  if (stopped_) return;  // a write failed under warn_on_error: summaries are dropped
   buffer_ += record;
   ++queued_;
   if (queued_ >= options_.max_queue || wall_time_now() - last_flush_ >= options_.flush_secs) {
@@ -188,6 +191,27 @@ void SummaryWriter::check_open_locked() {
 }
 
 void SummaryWriter::flush_locked() {
+  if (stopped_) return;
+  if (!options_.warn_on_error) {
+    write_buffer_locked();
+    return;
+  }
+  try {
+    write_buffer_locked();
+  } catch (const Error& e) {
+    // As TensorFlow's summary writer: report it and let training go on, without summaries.
+    stopped_ = true;
+    buffer_.clear();
+    queued_ = 0;
+    std::fprintf(stderr,
+                 "dtrain: warning: TensorBoard: %s: %s; no more summaries are written to this "
+                 "file, training goes on\n",
+                 error_code_name(e.code()), e.what());
+    std::fflush(stderr);
+  }
+}
+
+void SummaryWriter::write_buffer_locked() {
   if (!buffer_.empty()) {
     size_t done = 0;
     while (done < buffer_.size()) {
@@ -234,7 +258,13 @@ void SummaryWriter::close() {
   } catch (...) {
     if (!pending) pending = std::current_exception();
   }
-  ::close(fd_);
+  if (::close(fd_) != 0 && !pending && !stopped_) {
+    try {
+      throw_file_error(errno, "close", path_);
+    } catch (...) {
+      pending = std::current_exception();
+    }
+  }
   fd_ = -1;
   if (pending) std::rethrow_exception(pending);
 }

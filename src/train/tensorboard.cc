@@ -23,10 +23,14 @@ void TensorBoard::on_train_begin(const Logs&) {
   if (s != nullptr && s->strategy != nullptr && !s->strategy->is_chief()) return;
   std::lock_guard<std::mutex> lock(mu_);
   if (!train_) {
+    // A disk that fills up during training costs the summaries, not the training (a warning
+    // on stderr, as TF's summary writer logs the error); one that cannot take the first
+    // record fails here, before training starts.
+    const summary::SummaryWriterOptions o{.warn_on_error = true};
     train_ = std::make_unique<summary::SummaryWriter>(
-        (std::filesystem::path(log_dir_) / "train").string());
+        (std::filesystem::path(log_dir_) / "train").string(), o);
     validation_ = std::make_unique<summary::SummaryWriter>(
-        (std::filesystem::path(log_dir_) / "validation").string());
+        (std::filesystem::path(log_dir_) / "validation").string(), o);
   }
   if (s != nullptr && s->optimizer != nullptr) global_step_ = s->optimizer->iterations();
 }

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -139,11 +140,17 @@ TEST_F(FileTest, ErrorsNameThePathAndMapErrno) {
   }
   EXPECT_THROW(throw_file_error(EFBIG, "write", "p"), ResourceExhaustedError);
   EXPECT_THROW(throw_file_error(EISDIR, "open", "p"), InvalidArgumentError);
-  try {
-    throw_file_error(EACCES, "open", "p");
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
+  for (int err : {EACCES, EPERM, EROFS}) {
+    try {
+      throw_file_error(err, "open", "p");
+      ADD_FAILURE() << "did not throw";
+    } catch (const PermissionDeniedError& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
+      EXPECT_STREQ(e.what(), ("open p: " + std::string(std::strerror(err))).c_str());
+    }
   }
+  // Raised again from its code (across a process boundary) as the same class.
+  EXPECT_THROW(throw_error(ErrorCode::kPermissionDenied, "m"), PermissionDeniedError);
 }
 
 // A full disk, simulated with RLIMIT_FSIZE in a child (SIGXFSZ ignored, so write fails with

@@ -51,6 +51,7 @@ class Error : public std::runtime_error {
 DTRAIN_DEFINE_ERROR(InvalidArgumentError, kInvalidArgument)
 DTRAIN_DEFINE_ERROR(NotFoundError, kNotFound)
 DTRAIN_DEFINE_ERROR(AlreadyExistsError, kAlreadyExists)
+DTRAIN_DEFINE_ERROR(PermissionDeniedError, kPermissionDenied)
 DTRAIN_DEFINE_ERROR(DataLossError, kDataLoss)
 DTRAIN_DEFINE_ERROR(UnavailableError, kUnavailable)
 DTRAIN_DEFINE_ERROR(DeadlineExceededError, kDeadlineExceeded)

@@ -32,8 +32,8 @@ struct AtomicFileOptions {
 class AtomicFile {
  public:
   // Creates "<path>.tmp.<random>" next to `path` (same directory, so rename is atomic). Throws
-  // NotFoundError (missing directory), PermissionDenied-coded Error, ResourceExhaustedError
-  // (ENOSPC/EDQUOT) or another Error naming the path.
+  // NotFoundError (missing directory), PermissionDeniedError (a read-only or unwritable
+  // directory), ResourceExhaustedError (ENOSPC/EDQUOT) or another Error naming the path.
   explicit AtomicFile(std::string path, AtomicFileOptions options = {});
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -93,7 +93,7 @@ void sync_directory(const std::string& dir);
 
 // Throws the dtrain error for `err` (an errno value) from `operation` ("open", "write", ...) on
 // `path`: ENOENT → NotFoundError, ENOSPC/EFBIG/EDQUOT → ResourceExhaustedError, EACCES/EPERM/
-// EROFS → PERMISSION_DENIED, EEXIST → AlreadyExistsError, EIO → UNAVAILABLE (as TF maps it),
+// EROFS → PermissionDeniedError, EEXIST → AlreadyExistsError, EIO → UNAVAILABLE (as TF maps it),
 // ENOTDIR/EISDIR/ENAMETOOLONG/EINVAL → InvalidArgumentError, others → UNKNOWN. The message is
 // "<operation> <path>: <strerror>".
 [[noreturn]] void throw_file_error(int err, std::string_view operation, const std::string& path);

@@ -24,13 +24,18 @@ class EventLog {
   ~EventLog();
 
   // Appends `json_object` (re-serialized compactly, on one line). Throws InvalidArgumentError
-  // when it is not one JSON object, an Error naming the path on I/O failure. Blocks on write
-  // (and fdatasync with options.fsync).
+  // when it is not one JSON object, an Error naming the path on I/O failure
+  // (ResourceExhaustedError for a full disk, PermissionDeniedError, ...); a line that did not
+  // fit is removed again, so the log holds whole lines only. Blocks on write (and fdatasync
+  // with options.fsync).
   void append(std::string_view json_object);
 
   const std::string& path() const { return path_; }
 
  private:
+  // Truncates the `written` start of a line from the end of the file, if it is still there.
+  void remove_torn_line(std::string_view written);
+
   std::string path_;
   EventLogOptions options_;
   int fd_ = -1;

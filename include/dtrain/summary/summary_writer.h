@@ -24,13 +24,21 @@ struct SummaryWriterOptions {
   double flush_secs = 2;             // buffered events reach the file at most this late
   size_t max_queue = 10;             // buffered events that trigger a write at once
   bool fsync = true;                 // fsync on every flush, so flushed events survive a crash
+  // What a failed write to the event file (ENOSPC, EIO, ...) does once the file exists. false:
+  // the call that hit it throws (a background flush's error is thrown by the next call). true:
+  // one warning on stderr ("dtrain: warning: TensorBoard: RESOURCE_EXHAUSTED: write <path>: ...")
+  // and the writer stops: later events are dropped and no call throws for it, as TensorFlow's
+  // summary writer logs the error and training goes on. Either way the file keeps only whole
+  // records. The constructor always throws when it cannot create and start the file.
+  bool warn_on_error = false;
 };
 
 class SummaryWriter {
  public:
   // Creates `logdir` (and parents) if needed and a new event file in it, writes and flushes the
   // file_version record, and starts the flush thread. Throws an Error naming the path when the
-  // directory or file cannot be created (NotFoundError, PERMISSION_DENIED, ...).
+  // directory or file cannot be created or written (NotFoundError, PermissionDeniedError,
+  // ResourceExhaustedError, ...); then no event file is left behind.
   explicit SummaryWriter(std::string logdir, SummaryWriterOptions options = {});
   SummaryWriter(const SummaryWriter&) = delete;
   SummaryWriter& operator=(const SummaryWriter&) = delete;
@@ -58,7 +66,8 @@ class SummaryWriter {
   void write_event(const Event& event);
 
   // Writes buffered events to the file and fsyncs it (options.fsync). Blocks for the write and
-  // fsync; throws an Error naming the path on I/O failure (ENOSPC: ResourceExhaustedError).
+  // fsync; throws an Error naming the path on I/O failure (ENOSPC: ResourceExhaustedError),
+  // unless options.warn_on_error.
   void flush();
   // Flushes, stops the flush thread and closes the file. Idempotent. Throws like flush().
   void close();
@@ -69,6 +78,7 @@ class SummaryWriter {
  private:
   void append_locked(std::unique_lock<std::mutex>& lock, const Event& event);
   void flush_locked();
+  void write_buffer_locked();
   void check_open_locked();
   void flush_loop();
 
@@ -81,6 +91,7 @@ class SummaryWriter {
   size_t queued_ = 0;   // events in buffer_
   double last_flush_ = 0;
   bool closed_ = false;
+  bool stopped_ = false;      // a write failed under warn_on_error
   std::exception_ptr error_;  // from the flush thread, rethrown by the next call
   std::thread flusher_;
 };

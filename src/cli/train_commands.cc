@@ -440,7 +440,14 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       opts.logdir = train_flags.logdir;
       DTRAIN_CHECK(!train_flags.resume || !train_flags.checkpoint_dir.empty(),
                    "--resume needs --checkpoint-dir");
-      if (!train_flags.checkpoint_dir.empty()) {
+      if (!train_flags.checkpoint_dir.empty() && train_flags.strategy == "parameter-server") {
+        // The servers hold the variables and slots: they write the backups (fit's
+        // save_checkpoints under the strategy), and --resume continues from the newest.
+        opts.save_checkpoints = true;
+        opts.checkpoint_dir = train_flags.checkpoint_dir;
+        opts.checkpoint_every = train_flags.checkpoint_every;
+        opts.resume = train_flags.resume;
+      } else if (!train_flags.checkpoint_dir.empty()) {
         opts.callbacks.push_back(std::make_shared<train::BackupAndRestore>(
             train_flags.checkpoint_dir,
             train::BackupAndRestoreOptions{.save_freq = train_flags.checkpoint_every,

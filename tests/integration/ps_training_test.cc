@@ -142,6 +142,8 @@ TEST(PsTraining, KilledServerIsRestoredFromCheckpoint) {
   ASSERT_EQ(job.wait_chief(/*limit_s=*/270), 0) << job.chief_log();
   const std::string log = job.chief_log();
   EXPECT_NE(log.find("restoring every server from"), std::string::npos) << log;
+  // From the backup the servers wrote (with their optimizer slots), not from scratch.
+  EXPECT_EQ(log.find("restoring every server from the initial values"), std::string::npos) << log;
   EXPECT_NE(log.find("ps versions:"), std::string::npos) << log;
   EXPECT_GE(number_after(log, "test_accuracy"), 0.8) << log;
   // The last merged checkpoint: one index over both servers' shards, every tensor's CRC good.
@@ -233,6 +235,29 @@ TEST(PsRecovery, RecoverRightAfterAKillWaitsForTheRestartedServer) {
     }
     for (const auto& st : chief.server_stats()) EXPECT_TRUE(st.initialized);
   }
+}
+
+// A job started again on the directory of a finished one continues from the servers' newest
+// backup (epoch 2 of 2) instead of starting over.
+TEST(PsTraining, ANewJobResumesFromTheNewestServerBackup) {
+  const std::string root = make_temp_dir();  // outlives the first job's directory
+  const std::string ckpt = root + "/ckpt";
+  {
+    Job first(1, 1);
+    first.start_all({"--mode", "async", "--epochs", "1", "--ckpt", ckpt});
+    ASSERT_EQ(first.wait_chief(/*limit_s=*/270), 0) << first.chief_log();
+    EXPECT_EQ(first.chief_log().find("resumed the parameter servers"), std::string::npos);
+  }
+  Job second(1, 1);
+  second.start_all({"--mode", "async", "--epochs", "2", "--ckpt", ckpt});
+  ASSERT_EQ(second.wait_chief(/*limit_s=*/270), 0) << second.chief_log();
+  const std::string log = second.chief_log();
+  EXPECT_NE(log.find("resumed the parameter servers from " + ckpt + "/ckpt-1 at epoch 2, step 0"),
+            std::string::npos)
+      << log;
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/ckpt-2.index")) << "numbering continues";
+  EXPECT_GE(number_after(log, "test_accuracy"), 0.8) << log;
+  std::filesystem::remove_all(root);
 }
 
 TEST(PsTraining, SynchronousMatchesMultiWorkerMirrored) {

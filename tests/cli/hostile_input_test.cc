@@ -27,13 +27,7 @@ using dtrain::testutil::contains;
 CommandResult run(const std::string& args, const std::string& limits = "") {
   const std::string cmd = limits + " exec timeout -k 5 60 " + std::string(DTRAIN_BINARY_DIR) +
                           "/dtrain " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CommandResult r{-1, ""};
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return dtrain::testutil::run_shell(cmd);
 }
 
 class HostileInputTest : public ::testing::Test {

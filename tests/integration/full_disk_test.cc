@@ -18,39 +18,13 @@
 
 #include "distribute_process.h"
 #include "dtrain/summary/event_log.h"
+#include "testutil/idx_files.h"
 
 namespace dtrain::testing {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kDtrain = DTRAIN_BINARY;
-
-// A small IDX data set: n 4x4 uint8 images and labels in {0, 1, 2}.
-void write_idx(const fs::path& dir, int n) {
-  std::ofstream im(dir / "x.idx", std::ios::binary), lb(dir / "y.idx", std::ios::binary);
-  const unsigned char ih[] = {0,
-                              0,
-                              8,
-                              3,
-                              0,
-                              0,
-                              static_cast<unsigned char>(n >> 8),
-                              static_cast<unsigned char>(n & 255),
-                              0,
-                              0,
-                              0,
-                              4,
-                              0,
-                              0,
-                              0,
-                              4};
-  im.write(reinterpret_cast<const char*>(ih), sizeof ih);
-  for (int i = 0; i < n * 16; ++i) im.put(static_cast<char>((i * 37) % 251));
-  const unsigned char lh[] = {
-      0, 0, 8, 1, 0, 0, static_cast<unsigned char>(n >> 8), static_cast<unsigned char>(n & 255)};
-  lb.write(reinterpret_cast<const char*>(lh), sizeof lh);
-  for (int i = 0; i < n; ++i) lb.put(static_cast<char>(i % 3));
-}
 
 struct Result {
   int code;            // exit status, 128 + signal when killed
@@ -85,7 +59,7 @@ class FullDisk : public ::testing::Test {
       GTEST_SKIP() << "cannot mount a tmpfs on " << mnt_ << ": " << err;
     }
     mounted_ = true;
-    write_idx(work_, 64);
+    testutil::write_small_idx(work_, 64);
     data_ = {"--train-images", (work_ / "x.idx").string(),
              "--train-labels", (work_ / "y.idx").string(),
              "--test-images",  (work_ / "x.idx").string(),

@@ -9,39 +9,13 @@
 #include <thread>
 
 #include "distribute_process.h"
+#include "testutil/idx_files.h"
 
 namespace dtrain::testing {
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kDtrain = DTRAIN_BINARY;
-
-// A small IDX data set: n 4x4 uint8 images and labels in {0, 1, 2}.
-void write_idx(const fs::path& dir, int n) {
-  std::ofstream im(dir / "x.idx", std::ios::binary), lb(dir / "y.idx", std::ios::binary);
-  const unsigned char ih[] = {0,
-                              0,
-                              8,
-                              3,
-                              0,
-                              0,
-                              static_cast<unsigned char>(n >> 8),
-                              static_cast<unsigned char>(n & 255),
-                              0,
-                              0,
-                              0,
-                              4,
-                              0,
-                              0,
-                              0,
-                              4};
-  im.write(reinterpret_cast<const char*>(ih), sizeof ih);
-  for (int i = 0; i < n * 16; ++i) im.put(static_cast<char>((i * 37) % 251));
-  const unsigned char lh[] = {
-      0, 0, 8, 1, 0, 0, static_cast<unsigned char>(n >> 8), static_cast<unsigned char>(n & 255)};
-  lb.write(reinterpret_cast<const char*>(lh), sizeof lh);
-  for (int i = 0; i < n; ++i) lb.put(static_cast<char>(i % 3));
-}
 
 // Waits until `path` exists (or the deadline passes).
 bool wait_for_file(const fs::path& path, std::chrono::seconds timeout) {
@@ -57,7 +31,7 @@ class Preemption : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = make_temp_dir();
-    write_idx(dir_, 512);
+    testutil::write_small_idx(dir_, 512);
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::vector<std::string> fit_args(const std::string& extra_flag) {

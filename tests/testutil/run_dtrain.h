@@ -14,17 +14,22 @@ struct CommandResult {
   std::string output;  // stdout, or stdout and stderr together
 };
 
-// Runs `build/dtrain ARGS` through the shell and waits for it.
-inline CommandResult run_dtrain(const std::string& args, bool with_stderr = true) {
-  const std::string cmd =
-      std::string(DTRAIN_BINARY_DIR) + "/dtrain " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
+// Runs `command` through the shell and waits for it.
+inline CommandResult run_shell(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
   CommandResult r{-1, ""};
+  if (p == nullptr) return r;
   std::array<char, 4096> buf{};
   while (size_t n = fread(buf.data(), 1, buf.size(), p)) r.output.append(buf.data(), n);
   const int status = pclose(p);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Runs `build/dtrain ARGS` through the shell and waits for it.
+inline CommandResult run_dtrain(const std::string& args, bool with_stderr = true) {
+  return run_shell(std::string(DTRAIN_BINARY_DIR) + "/dtrain " + args +
+                   (with_stderr ? " 2>&1" : " 2>/dev/null"));
 }
 
 inline bool contains(const std::string& s, const std::string& part) {

@@ -78,7 +78,7 @@ int64_t newest_number(const std::string& dir) {
     }
     const std::string digits = name.substr(5, name.size() - 11);
     if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (digits.size() < 18) newest = std::max(newest, std::stoll(digits));
+    if (digits.size() < 18) newest = std::max<int64_t>(newest, std::stoll(digits));
   }
   return newest;
 }

@@ -216,7 +216,8 @@ TEST_F(FullDisk, CkptConvertToH5FailsWithoutACrashAndKeepsThePreviousFile) {
     fill(leave);
     std::map<std::string, std::string> before = snapshot(mnt_);
     before.erase("filler");
-    r = dtrain({"ckpt", "convert", "--model", model.string(), ckpt.string(), prev.string()});
+    r = dtrain({"ckpt", "convert", "--overwrite", "--model", model.string(), ckpt.string(),
+                prev.string()});
     expect_failure(r, "RESOURCE_EXHAUSTED", 1, prev);
     expect_unchanged(before);
   }
@@ -322,7 +323,8 @@ TEST_F(FullDisk, ReadOnlyDestinationIsPermissionDenied) {
        true,
        mnt_ / "prev.csv"},
       {{"fit", "--epochs", "1", "--save", (mnt_ / "prev.h5").string()}, true, mnt_ / "prev.h5"},
-      {{"ckpt", "convert", "--model", model.string(), ckpt.string(), (mnt_ / "prev.h5").string()},
+      {{"ckpt", "convert", "--overwrite", "--model", model.string(), ckpt.string(),
+        (mnt_ / "prev.h5").string()},
        false,
        mnt_ / "prev.h5"},
       {{"ckpt", "convert", model.string(), (mnt_ / "ck" / "model").string()}, false, mnt_ / "ck"},

@@ -28,6 +28,10 @@ struct Node {
   Shape shape[2];
   float f[2] = {0, 0};
   int64_t i[2] = {0, 0};
+  // Attributes an op needs beyond the fields above (a convolution's strides and padding),
+  // shared with whoever owns them (a layer keeps one shared_ptr and every node copies it, so
+  // recording does not allocate).
+  std::shared_ptr<const void> attrs;
 };
 
 class Tape {

@@ -79,6 +79,29 @@ void Layer::build(const Shape& input_shape) {
   built_ = true;
 }
 
+std::vector<Tensor> Layer::call_list(std::span<const Tensor> inputs, bool training) {
+  DTRAIN_CHECK(inputs.size() == 1, class_name(), " '", name_, "': expects one input, got ",
+               inputs.size());
+  return {(*this)(inputs[0], training)};
+}
+
+void Layer::build_list(std::span<const Shape> input_shapes) {
+  DTRAIN_CHECK(input_shapes.size() == 1, class_name(), " '", name_, "': expects one input, got ",
+               input_shapes.size());
+  build(input_shapes[0]);
+}
+
+std::vector<Shape> Layer::compute_output_shapes(std::span<const Shape> input_shapes) const {
+  DTRAIN_CHECK(input_shapes.size() == 1, class_name(), " '", name_, "': expects one input, got ",
+               input_shapes.size());
+  return {compute_output_shape(input_shapes[0])};
+}
+
+void Layer::mark_built(std::optional<Shape> input_shape) {
+  if (input_shape) input_shape_ = std::move(input_shape);
+  built_ = true;
+}
+
 std::vector<Variable*> Layer::weights() {
   std::vector<Variable*> out;
   out.reserve(weights_.size());
@@ -119,27 +142,4 @@ Variable& Layer::add_weight(const std::string& weight_name, const Shape& shape, 
   return *weights_.back();
 }
 
-namespace detail {
-
-nlohmann::json base_config(const Layer& layer) {
-  nlohmann::json c;
-  c["name"] = layer.name();
-  c["trainable"] = layer.trainable();
-  c["dtype"] = "float32";
-  return c;
-}
-
-Shape batch_shape_from_json(const nlohmann::json& j, const std::string& where) {
-  DTRAIN_CHECK(j.is_array() && !j.empty(), where, ": expected a batch shape like [null, 784], got ",
-               j.dump());
-  Shape s;
-  for (size_t i = 1; i < j.size(); ++i) {
-    DTRAIN_CHECK(j[i].is_number_integer() && j[i].get<int64_t>() >= 0, where, ": dimension ", i,
-                 " must be a non-negative integer, got ", j[i].dump());
-    s.push_back(j[i].get<int64_t>());
-  }
-  return s;
-}
-
-}  // namespace detail
 }  // namespace dtrain::nn

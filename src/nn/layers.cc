@@ -3,34 +3,16 @@
 
 #include "config.h"
 #include "dtrain/autograd/functions.h"
+#include "layer_registry.h"
 
 namespace dtrain::nn {
 
 using nlohmann::json;
 
-namespace {
-std::string name_or_default(const std::string& name, const char* base) {
-  return name.empty() ? unique_layer_name(base) : name;
-}
-json batch_shape_json(const Shape& s) {
-  json j = json::array({nullptr});
-  for (int64_t d : s) j.push_back(d);
-  return j;
-}
-// A Keras identifier ("glorot_uniform") or a Keras initializer config as JSON
-// ({"class_name": "GlorotUniform", "config": {"seed": 3}}), as model JSON carries it.
-std::shared_ptr<Initializer> make_initializer(const std::string& spec,
-                                              std::optional<uint64_t> seed) {
-  const size_t first = spec.find_first_not_of(" \t\n");
-  if (first != std::string::npos && (spec[first] == '{' || spec[first] == '"')) {
-    return initializer_from_json(spec);
-  }
-  return initializer_from_name(spec, seed);
-}
-void add_batch_input_shape(const Layer& layer, json& c) {
-  if (layer.input_shape()) c["batch_input_shape"] = batch_shape_json(*layer.input_shape());
-}
-}  // namespace
+using detail::add_batch_input_shape;
+using detail::batch_shape_json;
+using detail::make_initializer;
+using detail::name_or_default;
 
 // ---------------------------------------------------------------------------------------------
 
@@ -103,10 +85,8 @@ std::string Dense::config_json() const {
   c["units"] = units_;
   c["activation"] = ops::activation_name(activation_);
   c["use_bias"] = use_bias_;
-  c["kernel_initializer"] = {{"class_name", kernel_init_->class_name()},
-                             {"config", json::parse(kernel_init_->config_json())}};
-  c["bias_initializer"] = {{"class_name", bias_init_->class_name()},
-                           {"config", json::parse(bias_init_->config_json())}};
+  c["kernel_initializer"] = detail::initializer_config(*kernel_init_);
+  c["bias_initializer"] = detail::initializer_config(*bias_init_);
   c["kernel_regularizer"] = nullptr;
   c["bias_regularizer"] = nullptr;
   c["activity_regularizer"] = nullptr;
@@ -208,5 +188,62 @@ std::string Activation::config_json() const {
   c["activation"] = ops::activation_name(activation_);
   return c.dump();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rebuilding from Keras configs.
+
+namespace {
+
+std::shared_ptr<Layer> input_layer_from_config(const json& c, const std::string& where) {
+  const std::optional<Shape> shape = detail::declared_input_shape(c, where);
+  DTRAIN_CHECK(shape.has_value(), where, ": InputLayer without batch_input_shape or batch_shape");
+  return std::make_shared<InputLayer>(
+      *shape, InputLayerOptions{.name = detail::str_field(c, "name", where)});
+}
+
+std::shared_ptr<Layer> dense_from_config(const json& c, const std::string& where) {
+  auto dense = std::make_shared<Dense>(
+      detail::int_field(c, "units", where),
+      DenseOptions{
+          .activation = detail::str_field(c, "activation", where, "linear"),
+          .use_bias = detail::bool_field(c, "use_bias", where, true),
+          .kernel_initializer = detail::initializer_json(c, "kernel_initializer", "glorot_uniform"),
+          .bias_initializer = detail::initializer_json(c, "bias_initializer", "zeros"),
+          .input_shape = detail::declared_input_shape(c, where),
+          .name = detail::str_field(c, "name", where)});
+  return dense;
+}
+
+std::shared_ptr<Layer> flatten_from_config(const json& c, const std::string& where) {
+  return std::make_shared<Flatten>(
+      FlattenOptions{.input_shape = detail::declared_input_shape(c, where),
+                     .name = detail::str_field(c, "name", where)});
+}
+
+std::shared_ptr<Layer> dropout_from_config(const json& c, const std::string& where) {
+  std::optional<uint64_t> seed;
+  if (c.contains("seed") && c["seed"].is_number_integer()) seed = c["seed"].get<uint64_t>();
+  return std::make_shared<Dropout>(
+      static_cast<float>(detail::number_field(c, "rate", where)),
+      DropoutOptions{.seed = seed, .name = detail::str_field(c, "name", where)});
+}
+
+std::shared_ptr<Layer> activation_from_config(const json& c, const std::string& where) {
+  return std::make_shared<Activation>(
+      detail::str_field(c, "activation", where, "linear"),
+      ActivationOptions{.name = detail::str_field(c, "name", where)});
+}
+
+}  // namespace
+
+namespace detail {
+void register_core_layers(LayerRegistry& registry) {
+  registry.add("InputLayer", input_layer_from_config);
+  registry.add("Dense", dense_from_config);
+  registry.add("Flatten", flatten_from_config);
+  registry.add("Dropout", dropout_from_config);
+  registry.add("Activation", activation_from_config);
+}
+}  // namespace detail
 
 }  // namespace dtrain::nn

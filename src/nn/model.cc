@@ -8,6 +8,7 @@
 #include "config.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/nn/layers.h"
+#include "layer_registry.h"
 
 namespace dtrain::nn {
 
@@ -195,74 +196,6 @@ std::string Sequential::to_json() const {
 
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
-std::string str_field(const json& c, const char* key, const std::string& where,
-                      const std::string& fallback = {}) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  DTRAIN_CHECK(c[key].is_string(), where, ".", key, ": expected a string, got ", c[key].dump());
-  return c[key].get<std::string>();
-}
-
-std::string initializer_json(const json& c, const char* key, const char* fallback) {
-  if (!c.contains(key) || c[key].is_null()) return json(fallback).dump();
-  return c[key].dump();
-}
-
-std::shared_ptr<Layer> layer_from_json(const json& lj, const std::string& where) {
-  DTRAIN_CHECK(lj.is_object() && lj.contains("class_name") && lj["class_name"].is_string(), where,
-               ": expected {\"class_name\": ..., \"config\": ...}");
-  const std::string cls = lj["class_name"].get<std::string>();
-  const json c = lj.value("config", json::object());
-  DTRAIN_CHECK(c.is_object(), where, ".config: expected an object");
-  const std::string name = str_field(c, "name", where);
-  std::optional<Shape> input_shape;
-  if (c.contains("batch_input_shape") && !c["batch_input_shape"].is_null()) {
-    input_shape =
-        detail::batch_shape_from_json(c["batch_input_shape"], where + ".batch_input_shape");
-  }
-  std::shared_ptr<Layer> layer;
-  if (cls == "InputLayer") {
-    DTRAIN_CHECK(input_shape.has_value(), where, ": InputLayer without batch_input_shape");
-    layer = std::make_shared<InputLayer>(*input_shape, InputLayerOptions{.name = name});
-  } else if (cls == "Dense") {
-    DTRAIN_CHECK(c.contains("units") && c["units"].is_number_integer(), where,
-                 ".units: expected an integer");
-    const std::string act = str_field(c, "activation", where, "linear");
-    auto dense = std::make_shared<Dense>(
-        c["units"].get<int64_t>(),
-        DenseOptions{
-            .activation = act,
-            .use_bias = c.value("use_bias", true),
-            .kernel_initializer = initializer_json(c, "kernel_initializer", "glorot_uniform"),
-            .bias_initializer = initializer_json(c, "bias_initializer", "zeros"),
-            .name = name});
-    if (input_shape) dense->build(*input_shape);
-    layer = dense;
-  } else if (cls == "Flatten") {
-    layer = std::make_shared<Flatten>(FlattenOptions{.input_shape = input_shape, .name = name});
-  } else if (cls == "Dropout") {
-    DTRAIN_CHECK(c.contains("rate") && c["rate"].is_number(), where, ".rate: expected a number");
-    std::optional<uint64_t> seed;
-    if (c.contains("seed") && c["seed"].is_number_integer()) seed = c["seed"].get<uint64_t>();
-    layer = std::make_shared<Dropout>(c["rate"].get<float>(),
-                                      DropoutOptions{.seed = seed, .name = name});
-  } else if (cls == "Activation") {
-    layer = std::make_shared<Activation>(str_field(c, "activation", where, "linear"),
-                                         ActivationOptions{.name = name});
-  } else {
-    throw InvalidArgumentError(str_cat(where, ": unknown layer class '", cls,
-                                       "' (supported: InputLayer, Dense, Flatten, Dropout, "
-                                       "Activation)"));
-  }
-  if (c.contains("trainable") && c["trainable"].is_boolean()) {
-    layer->set_trainable(c["trainable"].get<bool>());
-  }
-  return layer;
-}
-
-}  // namespace
-
 std::unique_ptr<Model> model_from_json(const std::string& text) {
   json j;
   try {
@@ -284,7 +217,7 @@ std::unique_ptr<Model> model_from_json(const std::string& text) {
   auto model = std::make_unique<Sequential>(std::initializer_list<LayerRef>{},
                                             SequentialOptions{.name = name});
   for (size_t i = 0; i < layers.size(); ++i) {
-    auto layer = layer_from_json(layers[i], str_cat("model_from_json: layers[", i, "]"));
+    auto layer = detail::layer_from_json(layers[i], str_cat("model_from_json: layers[", i, "]"));
     if (layer->class_name() == "InputLayer") {
       // The input layer only declares the shape; the model keeps it.
       DTRAIN_CHECK(model->layers().empty(), "model_from_json: layers[", i,

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,14 @@ class Layer {
   Tensor operator()(const Tensor& x, bool training = false);
   // The computation; x includes the batch dimension.
   virtual Tensor call(const Tensor& x, bool training) = 0;
+
+  // Layers with several inputs or outputs (merging layers, attention, RNNs returning states)
+  // are called by the Functional API through these. The defaults take exactly one input and
+  // give one output through operator() / build() / compute_output_shape(); a multi-input layer
+  // overrides all three (building itself and calling mark_built()). Shapes exclude the batch.
+  virtual std::vector<Tensor> call_list(std::span<const Tensor> inputs, bool training);
+  virtual void build_list(std::span<const Shape> input_shapes);
+  virtual std::vector<Shape> compute_output_shapes(std::span<const Shape> input_shapes) const;
 
   // Creates the weights for inputs of `input_shape` (without batch). Idempotent for the same
   // shape; a different shape after building throws InvalidArgumentError.
@@ -63,6 +72,9 @@ class Layer {
                        bool trainable = true);
   // Declares the expected input shape before building (Keras's input_shape argument).
   void set_input_shape(const Shape& s) { input_shape_ = s; }
+  // For layers that build themselves in build_list(): marks the layer built (input_shape()
+  // stays unset when there is no single input shape).
+  void mark_built(std::optional<Shape> input_shape = std::nullopt);
   // Renames after construction (models that take a user-given name).
   void set_name(std::string name) { name_ = std::move(name); }
 

@@ -310,6 +310,12 @@ void compile(nn::Model& model, const TrainFlags& f) {
 }
 
 std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
+  if (f.replicas > 0 && f.strategy != "mirrored" && f.strategy != "multi-worker") {
+    throw InvalidArgumentError(str_cat("--replicas ", f.replicas,
+                                       " applies to --strategy mirrored "
+                                       "or multi-worker, not '",
+                                       f.strategy, "'"));
+  }
   if (f.strategy == "mirrored") return std::make_unique<distribute::MirroredStrategy>(f.replicas);
   if (f.strategy == "parameter-server") {
     // Cluster from TF_CONFIG (chief, worker and ps tasks), e.g. under dtrain launch --ps N.

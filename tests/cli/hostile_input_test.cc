@@ -119,6 +119,13 @@ TEST_F(HostileInputTest, AbsurdReplicaCountsAreRefusedBeforeAnyThreadStarts) {
   EXPECT_TRUE(contains(r.output, "at most")) << r.output;
 }
 
+TEST_F(HostileInputTest, ReplicasWithAStrategyThatHasNoReplicaThreadsAreRefused) {
+  const CommandResult r = run(fit_csv("--replicas 4"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--replicas 4 applies to --strategy mirrored")) << r.output;
+  EXPECT_TRUE(contains(r.output, "'one'")) << r.output;
+}
+
 TEST_F(HostileInputTest, AReplicaThreadThatCannotStartIsResourceExhaustedNotADeadlock) {
   // 1 GB stacks (glibc sizes thread stacks by RLIMIT_STACK) in a 6 GB address space: the replica
   // threads stop starting after a few, within the replica cap. The threads already started are

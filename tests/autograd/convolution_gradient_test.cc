@@ -1,8 +1,13 @@
 // Finite-difference checks of the differentiable convolutions and pools
-// (dtrain/autograd/convolution.h): every padding, strides, dilations, groups, both layouts.
+// (dtrain/autograd/convolution.h): every padding, strides, dilations, groups, both layouts; and
+// forward and backward against PyTorch goldens (tools/golden/gen_conv_golden.py writes
+// tests/golden/conv_golden.json; 1e-5 relative plus 1e-6 absolute).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "dtrain/autograd/convolution.h"
 #include "testutil/gradcheck.h"
@@ -192,6 +197,96 @@ TEST(ConvGradCheck, FusedReluAwayFromKinks) {
       gradcheck([&](const Inputs& v) { return conv2d(v[0], k, Tensor(), a, Activation::kRelu); },
                 {x}),
       kTol);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PyTorch goldens.
+
+using nlohmann::json;
+
+const json& golden() {
+  static const json doc = [] {
+    std::ifstream in(DTRAIN_SOURCE_DIR "/tests/golden/conv_golden.json");
+    EXPECT_TRUE(in.good()) << "tests/golden/conv_golden.json missing";
+    return json::parse(in);
+  }();
+  return doc;
+}
+
+Tensor tensor_of(const json& t) {
+  return Tensor::from_vector(t.at("data").get<std::vector<float>>(),
+                             Shape(t.at("shape").get<std::vector<int64_t>>()));
+}
+
+void expect_close(const Tensor& actual, const json& expected, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what << ": undefined";
+  ASSERT_EQ(actual.shape(), Shape(expected.at("shape").get<std::vector<int64_t>>())) << what;
+  const std::vector<double> e = expected.at("data").get<std::vector<double>>();
+  int failures = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    const double a = actual.data<float>()[i];
+    const double tol = 1e-5 * std::fabs(e[i]) + 1e-6;
+    if (std::fabs(a - e[i]) > tol && ++failures <= 5) {
+      ADD_FAILURE() << what << "[" << i << "]: dtrain " << a << ", torch " << e[i];
+    }
+  }
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << e.size() << " differ";
+}
+
+std::vector<int64_t> ints(const json& c, const char* key) {
+  return c.at(key).get<std::vector<int64_t>>();
+}
+
+TEST(ConvGolden, ForwardAndBackwardMatchPyTorch) {
+  const json& cases = golden().at("cases");
+  ASSERT_GE(cases.size(), 40u);
+  int index = 0;
+  for (const json& c : cases) {
+    const std::string op = c.at("op").get<std::string>();
+    const std::string what = op + " #" + std::to_string(index++) + " " + c.value("padding", "");
+    std::vector<Tensor> in{tensor_of(c.at("x"))};
+    const bool has_w = c.contains("w"), has_b = c.contains("b");
+    if (has_w) in.push_back(tensor_of(c.at("w")));
+    if (has_b) in.push_back(tensor_of(c.at("b")));
+    std::function<Tensor(const std::vector<Tensor>&)> f;
+    if (has_w) {
+      const auto s = ints(c, "strides"), d = ints(c, "dilation");
+      const ConvAttrsPtr a = std::make_shared<ops::Conv2DAttrs>(ops::Conv2DAttrs{
+          .strides = {s[0], s[1]},
+          .dilation = {d[0], d[1]},
+          .padding = ops::padding_from_name(c.at("padding").get<std::string>(), what),
+          .groups = c.at("groups").get<int64_t>()});
+      f = [op, a, has_b](const std::vector<Tensor>& v) {
+        const Tensor b = has_b ? v[2] : Tensor();
+        if (op == "conv2d") return conv2d(v[0], v[1], b, a);
+        if (op == "conv1d") return conv1d(v[0], v[1], b, a);
+        if (op == "depthwise_conv2d") return depthwise_conv2d(v[0], v[1], b, a);
+        return conv2d_transpose(v[0], v[1], b, a);
+      };
+    } else if (op == "max_pool2d" || op == "avg_pool2d") {
+      const auto p = ints(c, "pool"), s = ints(c, "strides");
+      const PoolAttrsPtr a = std::make_shared<ops::Pool2DAttrs>(ops::Pool2DAttrs{
+          .pool = {p[0], p[1]},
+          .strides = {s[0], s[1]},
+          .padding = ops::padding_from_name(c.at("padding").get<std::string>(), what)});
+      f = [op, a](const std::vector<Tensor>& v) {
+        return op == "max_pool2d" ? max_pool2d(v[0], a) : avg_pool2d(v[0], a);
+      };
+    } else {
+      f = [op](const std::vector<Tensor>& v) {
+        return op == "global_max_pool" ? global_max_pool(v[0]) : global_avg_pool(v[0]);
+      };
+    }
+    GradientTape tape;
+    for (auto& x : in) tape.watch(x);
+    const Tensor y = f(in);
+    expect_close(y, c.at("y"), what + " y");
+    const Tensor loss = reduce_sum(multiply(y, tensor_of(c.at("r"))));
+    const std::vector<Tensor> grads = tape.gradient(loss, in);
+    expect_close(grads[0], c.at("dx"), what + " dx");
+    if (has_w) expect_close(grads[1], c.at("dw"), what + " dw");
+    if (has_b) expect_close(grads[2], c.at("db"), what + " db");
+  }
 }
 
 }  // namespace

@@ -18,8 +18,11 @@
 namespace dtrain {
 namespace {
 
-constexpr int64_t kSteps = 300;        // 19200 examples, a third of an epoch
-constexpr double kMinAccuracy = 0.80;  // PyTorch 1.13, same model and steps: see below
+constexpr int64_t kSteps = 300;  // 19200 examples, a third of an epoch
+// PyTorch 1.13 with the same model, batch, optimizer and 300 steps: 0.815 (seed 0); dtrain
+// reaches 0.832 here (Keras glorot_uniform init rather than torch's kaiming_uniform). A bar of
+// 0.80 fails a model that learns markedly slower than the reference.
+constexpr double kMinAccuracy = 0.80;
 
 TEST(CnnConvergence, BuiltInCnnLearnsFashionMnist) {
   ops::set_num_threads(1);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,12 +93,13 @@ int main(int argc, char** argv) {
             epoch_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
             if (e == 0) sys_allocs_after_first = allocator_stats().system_allocations;
           }});
-  const auto h = model.fit(fm.x_train, fm.y_train,
-                           {.epochs = epochs,
-                            .batch_size = 64,
-                            .steps_per_epoch = steps,
-                            .verbose = 0,
-                            .callbacks = {timer}});
+  const auto h =
+      model.fit(fm.x_train, fm.y_train,
+                {.epochs = epochs,
+                 .batch_size = 64,
+                 .steps_per_epoch = steps > 0 ? std::optional<int64_t>(steps) : std::nullopt,
+                 .verbose = 0,
+                 .callbacks = {timer}});
   const uint64_t sys_allocs_later = allocator_stats().system_allocations - sys_allocs_after_first;
 
   const auto e0 = Clock::now();

@@ -1,6 +1,7 @@
 // Umbrella header: the whole public API of dtrain. Link the CMake target `dtrain`.
 #pragma once
 
+#include "dtrain/autograd/convolution.h"
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/autograd/variable.h"
@@ -11,11 +12,13 @@
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/nn/convolutional.h"
 #include "dtrain/nn/initializers.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/losses.h"
 #include "dtrain/nn/metrics.h"
 #include "dtrain/nn/model.h"
+#include "dtrain/nn/pooling.h"
 #include "dtrain/ops/gemm.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/optim/optimizer.h"

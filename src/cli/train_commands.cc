@@ -20,7 +20,9 @@
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
+#include "dtrain/nn/convolutional.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/pooling.h"
 #include "dtrain/ops/gemm.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/backup_and_restore.h"
@@ -38,7 +40,8 @@ struct DataFlags {
 };
 
 struct ModelFlags {
-  std::string model;  // Keras JSON; empty: the default MLP
+  std::string model;  // Keras JSON; empty: the built-in --arch
+  std::string arch = "mlp";
   int hidden = 128;
 };
 
@@ -160,6 +163,12 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--model", f.model,
                   "Keras model JSON (model.to_json()); default: an MLP Dense(128, relu) -> "
                   "Dense(classes)");
+  cmd->add_option("--arch", f.arch,
+                  "Built-in model when --model is not given: mlp, or cnn (Conv2D(32,3,relu) -> "
+                  "MaxPooling2D -> Conv2D(64,3,relu) -> MaxPooling2D -> Flatten -> "
+                  "Dense(128,relu) -> Dense(classes); images get a channel axis)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mlp", "cnn"}));
   cmd->add_option("--hidden", f.hidden, "Units of the default MLP's hidden layer")
       ->capture_default_str()
       ->check(int_at_least(1));
@@ -274,6 +283,22 @@ std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
     return model;
   }
   auto model = std::make_unique<nn::Sequential>();
+  if (f.arch == "cnn") {
+    // Images [h, w] get a channel axis [h, w, 1] (adapt_inputs reshapes the data).
+    DTRAIN_CHECK(example.rank() == 2 || example.rank() == 3,
+                 "--arch cnn: needs image inputs [height, width] or [height, width, channels], "
+                 "got examples of shape ",
+                 example.to_string());
+    const Shape image = example.rank() == 2 ? Shape{example[0], example[1], 1} : example;
+    model->add_layer(nn::Conv2D(32, {3}, {.activation = "relu", .input_shape = image}));
+    model->add_layer(nn::MaxPooling2D());
+    model->add_layer(nn::Conv2D(64, {3}, {.activation = "relu"}));
+    model->add_layer(nn::MaxPooling2D());
+    model->add_layer(nn::Flatten());
+    model->add_layer(nn::Dense(128, {.activation = "relu"}));
+    model->add_layer(nn::Dense(num_classes(d)));
+    return model;
+  }
   if (example.rank() > 1) model->add_layer(nn::Flatten({.input_shape = example}));
   model->add_layer(
       nn::Dense(f.hidden, {.activation = "relu",
@@ -282,6 +307,20 @@ std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
   model->add_layer(nn::Dense(num_classes(d)));
   if (!model->built()) model->build(example);
   return model;
+}
+
+// Grayscale images [n, h, w] fed to a model that takes [h, w, 1] (the built-in CNN, a loaded
+// Keras CNN) get the channel axis, as Keras users write x[..., None].
+void adapt_inputs(Data& d, const nn::Model& model) {
+  const std::optional<Shape>& in = model.input_shape();
+  if (!in || in->rank() < 1 || (*in)[in->rank() - 1] != 1) return;
+  for (Split* s : {&d.train, &d.test}) {
+    if (!s->x.defined() || s->x.rank() != in->rank()) continue;
+    const Shape example = s->x.shape().without_first();
+    Shape with_channel = example;
+    with_channel.push_back(1);
+    if (with_channel == *in) s->x = s->x.reshape(with_channel.with_first(s->x.dim(0)));
+  }
 }
 
 std::shared_ptr<optim::Optimizer> make_optimizer(const TrainFlags& f) {
@@ -425,8 +464,9 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       if (strategy) scope.emplace(strategy.get());
       const bool chief = !strategy || strategy->is_chief();
       if (!chief) train_flags.verbose = 0;  // the chief reports for everyone
-      const Data d = load_data(data_flags, true);
+      Data d = load_data(data_flags, true);
       auto model = make_model(model_flags, d);
+      adapt_inputs(d, *model);
       compile(*model, train_flags);
       if (train_flags.verbose != 0) model->summary();
       if (strategy && chief && train_flags.strategy != "parameter-server") {
@@ -491,9 +531,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
   evaluate->callback([&run] {
     run = [] {
       apply_runtime(train_flags);
-      const Data d = load_data(data_flags, false);
+      Data d = load_data(data_flags, false);
       DTRAIN_CHECK(d.test.x.defined(), "evaluate: no test data given");
       auto model = make_model(model_flags, d);
+      adapt_inputs(d, *model);
       compile(*model, train_flags);
       print_logs("test", model->evaluate(d.test.x, d.test.y,
                                          {.batch_size = train_flags.batch_size,
@@ -512,9 +553,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
   predict->callback([&run] {
     run = [] {
       apply_runtime(train_flags);
-      const Data d = load_data(data_flags, false);
+      Data d = load_data(data_flags, false);
       DTRAIN_CHECK(d.test.x.defined(), "predict: no test data given");
       auto model = make_model(model_flags, d);
+      adapt_inputs(d, *model);
       // Created before predicting, so that an unwritable destination fails first; the CSV
       // replaces the file whole at the end, or (on any error) not at all.
       std::optional<AtomicFile> csv;

@@ -35,7 +35,9 @@ class LayerRegistry {
 const LayerRegistry& layer_registry();
 
 // One per family, each defined next to its layers.
-void register_core_layers(LayerRegistry& registry);  // layers.cc
+void register_core_layers(LayerRegistry& registry);           // layers.cc
+void register_convolutional_layers(LayerRegistry& registry);  // convolutional.cc
+void register_pooling_layers(LayerRegistry& registry);        // pooling.cc
 
 // Rebuilds one layer from {"class_name": ..., "config": {...}} in either Keras dialect: checks
 // the dtype is float32, looks the class up, applies "trainable". Throws InvalidArgumentError

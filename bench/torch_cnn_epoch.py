@@ -1,0 +1,78 @@
+"""PyTorch peer of bench/cnn_epoch.cc: the same CNN, data, batch, optimizer and thread count.
+(PyTorch 1.13 on CPU runs its convolutions through oneDNN.)
+
+Run with Debian's interpreter, which has python3-torch:
+  /usr/bin/python3 bench/torch_cnn_epoch.py [epochs] [threads] [flush_denormal] [seed]
+flush_denormal 1 runs with torch.set_flush_denormal(True) (FTZ|DAZ, as dtrain by default);
+0 (the default) is PyTorch's default. Prints the same "key value" lines as the dtrain program.
+"""
+import gzip
+import resource
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def idx(path, offset):
+    with gzip.open(path, "rb") as f:
+        return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
+
+
+def main():
+    epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    threads = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    flush = len(sys.argv) > 3 and sys.argv[3] == "1"
+    torch.set_num_threads(threads)
+    if flush and not torch.set_flush_denormal(True):
+        sys.exit("torch.set_flush_denormal(True): not supported on this CPU")
+    torch.manual_seed(int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    x_train = torch.from_numpy((idx(f"{DIR}/train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28) / 255.0).astype(np.float32))
+    y_train = torch.from_numpy(idx(f"{DIR}/train-labels-idx1-ubyte.gz", 8).astype(np.int64))
+    x_test = torch.from_numpy((idx(f"{DIR}/t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28) / 255.0).astype(np.float32))
+    y_test = torch.from_numpy(idx(f"{DIR}/t10k-labels-idx1-ubyte.gz", 8).astype(np.int64))
+
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
+                          nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128),
+                          nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
+    n, batch = x_train.shape[0], 64
+    times = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        perm = torch.randperm(n)
+        total, seen = 0.0, 0
+        for i in range(0, n, batch):
+            idx_b = perm[i:i + batch]
+            xb, yb = x_train[idx_b], y_train[idx_b]
+            loss = F.cross_entropy(model(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * xb.shape[0]
+            seen += xb.shape[0]
+        times.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, x_test.shape[0], batch):
+            correct += (model(x_test[i:i + batch]).argmax(1) == y_test[i:i + batch]).sum().item()
+    eval_seconds = time.perf_counter() - start
+    for i, t in enumerate(times):
+        print(f"epoch_{i + 1}_seconds {t:.4f}")
+    steady = sorted(times[1:] if len(times) > 1 else times)
+    print(f"flush_denormal {int(flush)}")
+    print(f"epoch_seconds_median {steady[len(steady) // 2]:.4f}")
+    print(f"evaluate_seconds {eval_seconds:.4f}")
+    print(f"test_accuracy {correct / x_test.shape[0]:.4f}")
+    print(f"train_loss_last_epoch {total / seen:.4f}")
+    print(f"peak_rss_mib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0:.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,262 @@
+// The convolution and pooling kernels against direct (seven-loop) references, TF's SAME padding
+// split, determinism, FTZ and the no-allocation steady state.
+#include "dtrain/ops/convolution.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "dtrain/core/float_env.h"
+#include "dtrain/core/random.h"
+#include "dtrain/ops/pooling.h"
+#include "testutil/count_new.h"
+#include "testutil/expect_throws.h"
+
+namespace dtrain::ops {
+namespace {
+
+Tensor random_tensor(const Shape& shape, uint64_t seed) {
+  Philox rng(seed);
+  Tensor t(shape);
+  for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = rng.uniform(-1.0f, 1.0f);
+  return t;
+}
+
+struct Ref {
+  int64_t pt, pl, oh, ow;
+};
+
+Ref ref_geometry(const Shape& x, const Shape& w, const Conv2DAttrs& a) {
+  const Padding ph = a.padding == Padding::kCausal ? Padding::kValid : a.padding;
+  Ref r{};
+  r.oh = conv_output_size(x[1], w[0], a.strides[0], a.dilation[0], ph);
+  r.ow = conv_output_size(x[2], w[1], a.strides[1], a.dilation[1], a.padding);
+  r.pt = conv_pad_before(x[1], w[0], a.strides[0], a.dilation[0], ph);
+  r.pl = conv_pad_before(x[2], w[1], a.strides[1], a.dilation[1], a.padding);
+  return r;
+}
+
+// y[n, oy, ox, o] = Σ_{i, j, ci} x[n, oy·s − pt + i·d, ox·s − pl + j·d, g·cg + ci] w[i, j, ci, o]
+// in double precision.
+std::vector<double> reference_conv(const Tensor& x, const Tensor& w, const Conv2DAttrs& a) {
+  const Ref r = ref_geometry(x.shape(), w.shape(), a);
+  const int64_t n = x.dim(0), h = x.dim(1), wd = x.dim(2), c = x.dim(3);
+  const int64_t kh = w.dim(0), kw = w.dim(1), cg = w.dim(2), o = w.dim(3), og = o / a.groups;
+  std::vector<double> y(static_cast<size_t>(n * r.oh * r.ow * o), 0.0);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t oy = 0; oy < r.oh; ++oy)
+      for (int64_t ox = 0; ox < r.ow; ++ox)
+        for (int64_t oc = 0; oc < o; ++oc) {
+          double s = 0;
+          const int64_t g = oc / og;
+          for (int64_t i = 0; i < kh; ++i)
+            for (int64_t j = 0; j < kw; ++j)
+              for (int64_t ci = 0; ci < cg; ++ci) {
+                const int64_t iy = oy * a.strides[0] - r.pt + i * a.dilation[0];
+                const int64_t ix = ox * a.strides[1] - r.pl + j * a.dilation[1];
+                if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                s += static_cast<double>(
+                         x.data<float>()[((b * h + iy) * wd + ix) * c + g * cg + ci]) *
+                     w.data<float>()[((i * kw + j) * cg + ci) * o + oc];
+              }
+          y[static_cast<size_t>(((b * r.oh + oy) * r.ow + ox) * o + oc)] = s;
+        }
+  return y;
+}
+
+void expect_close(const Tensor& got, const std::vector<double>& want, const char* what) {
+  ASSERT_EQ(static_cast<size_t>(got.num_elements()), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got.data<float>()[i], want[i], 1e-4 * std::max(1.0, std::fabs(want[i])))
+        << what << " element " << i;
+  }
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  double s = 0;
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    s += static_cast<double>(a.data<float>()[i]) * b.data<float>()[i];
+  }
+  return s;
+}
+
+struct Case {
+  Shape x, w;
+  Conv2DAttrs a;
+};
+
+const Case kCases[] = {
+    {{2, 7, 6, 3}, {3, 3, 3, 4}, {.padding = Padding::kValid}},
+    {{2, 7, 6, 3}, {3, 3, 3, 4}, {.padding = Padding::kSame}},
+    {{1, 8, 7, 2}, {2, 2, 2, 3}, {.strides = {2, 2}, .padding = Padding::kSame}},
+    {{1, 8, 7, 2}, {4, 3, 2, 3}, {.strides = {3, 2}, .padding = Padding::kSame}},
+    {{2, 9, 9, 2}, {3, 2, 2, 2}, {.dilation = {2, 3}, .padding = Padding::kValid}},
+    {{2, 9, 9, 2}, {3, 3, 2, 2}, {.dilation = {2, 2}, .padding = Padding::kSame}},
+    {{2, 5, 5, 6}, {3, 3, 2, 9}, {.strides = {1, 2}, .padding = Padding::kSame, .groups = 3}},
+    {{2, 5, 5, 4}, {1, 1, 4, 5}, {.padding = Padding::kValid}},  // the 1×1 shortcut
+    {{2, 1, 9, 2}, {1, 3, 2, 2}, {.dilation = {1, 2}, .padding = Padding::kCausal}},
+};
+
+TEST(Conv2DKernel, ForwardMatchesDirectReference) {
+  int seed = 1;
+  for (const Case& c : kCases) {
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    expect_close(conv2d(x, w, Tensor(), c.a), reference_conv(x, w, c.a), "conv2d");
+  }
+}
+
+TEST(Conv2DKernel, BiasIsAddedPerFilter) {
+  const Case& c = kCases[1];
+  const Tensor x = random_tensor(c.x, 5), w = random_tensor(c.w, 6);
+  const Tensor b = random_tensor(Shape{c.w[3]}, 7);
+  const Tensor with = conv2d(x, w, b, c.a), without = conv2d(x, w, Tensor(), c.a);
+  for (int64_t i = 0; i < with.num_elements(); ++i) {
+    EXPECT_NEAR(with.data<float>()[i], without.data<float>()[i] + b.data<float>()[i % c.w[3]],
+                1e-5);
+  }
+}
+
+// <conv(x, w), dy> = <x, backward_input(dy)> = <w, backward_filter(x, dy)>: the backward
+// kernels are the adjoints of the forward one.
+TEST(Conv2DKernel, BackwardKernelsAreAdjoints) {
+  int seed = 100;
+  for (const Case& c : kCases) {
+    const Tensor x = random_tensor(c.x, seed++);
+    const Tensor w = random_tensor(c.w, seed++);
+    const Tensor y = conv2d(x, w, Tensor(), c.a);
+    const Tensor dy = random_tensor(y.shape(), seed++);
+    const double lhs = dot(y, dy);
+    const double via_x = dot(x, conv2d_backward_input(dy, w, x.shape(), c.a));
+    const double via_w = dot(w, conv2d_backward_filter(x, dy, w.shape(), c.a));
+    EXPECT_NEAR(via_x, lhs, 1e-4 * std::max(1.0, std::fabs(lhs)));
+    EXPECT_NEAR(via_w, lhs, 1e-4 * std::max(1.0, std::fabs(lhs)));
+  }
+}
+
+TEST(Conv2DKernel, SamePaddingPutsTheExtraRowBottomRight) {
+  // in 4, kernel 2, stride 1: total padding 1, all of it after (TF), so output 0 sees x[0..1].
+  EXPECT_EQ(conv_pad_before(4, 2, 1, 1, Padding::kSame), 0);
+  EXPECT_EQ(conv_pad_before(5, 3, 1, 1, Padding::kSame), 1);
+  EXPECT_EQ(conv_pad_before(7, 4, 3, 1, Padding::kSame), 1);  // out 3, total 3: 1 before, 2 after
+  EXPECT_EQ(conv_output_size(7, 4, 3, 1, Padding::kSame), 3);
+  EXPECT_EQ(conv_output_size(7, 3, 2, 2, Padding::kValid), 2);
+  const Tensor x = Tensor::from_vector<float>({1, 2, 3, 4}, Shape{1, 1, 4, 1});
+  const Tensor w = Tensor::from_vector<float>({1, 10}, Shape{1, 2, 1, 1});
+  const Tensor y = conv2d(x, w, Tensor(), {.padding = Padding::kSame});
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{21, 32, 43, 4}));
+}
+
+TEST(Conv2DKernel, DeterministicRunToRun) {
+  const Case& c = kCases[5];
+  const Tensor x = random_tensor(c.x, 11), w = random_tensor(c.w, 12);
+  const Tensor y1 = conv2d(x, w, Tensor(), c.a), y2 = conv2d(x, w, Tensor(), c.a);
+  EXPECT_TRUE(y1.equals(y2));
+  const Tensor dy = random_tensor(y1.shape(), 13);
+  EXPECT_TRUE(conv2d_backward_input(dy, w, x.shape(), c.a)
+                  .equals(conv2d_backward_input(dy, w, x.shape(), c.a)));
+  EXPECT_TRUE(conv2d_backward_filter(x, dy, w.shape(), c.a)
+                  .equals(conv2d_backward_filter(x, dy, w.shape(), c.a)));
+}
+
+TEST(Conv2DKernel, SubnormalInputsFlushUnderFtz) {
+  ScopedFlushDenormals ftz(true);
+  Tensor x = random_tensor(Shape{1, 5, 5, 2}, 21);
+  Tensor x_zeroed = x.clone();
+  for (int64_t i = 0; i < x.num_elements(); i += 3) {
+    x.data<float>()[i] = std::numeric_limits<float>::denorm_min() * 7;
+    x_zeroed.data<float>()[i] = 0.0f;
+  }
+  const Tensor w = random_tensor(Shape{3, 3, 2, 2}, 22);
+  const Conv2DAttrs a{.padding = Padding::kSame};
+  EXPECT_TRUE(conv2d(x, w, Tensor(), a).equals(conv2d(x_zeroed, w, Tensor(), a)));
+  const Pool2DAttrs p{.padding = Padding::kSame};
+  EXPECT_TRUE(pool2d(PoolKind::kAverage, x, p).equals(pool2d(PoolKind::kAverage, x_zeroed, p)));
+}
+
+TEST(Conv2DKernel, SteadyStateAllocatesNoHeap) {
+  const Case& c = kCases[2];
+  const Tensor x = random_tensor(c.x, 31), w = random_tensor(c.w, 32);
+  const Tensor b = random_tensor(Shape{c.w[3]}, 33);
+  auto step = [&] {
+    const Tensor y = conv2d(x, w, b, c.a);
+    (void)conv2d_backward_input(y, w, x.shape(), c.a);
+    (void)conv2d_backward_filter(x, y, w.shape(), c.a);
+  };
+  step();  // grows the workspace and fills the allocator's cache
+  const long news0 = testutil::new_calls();
+  const uint64_t system0 = allocator_stats().system_allocations;
+  for (int i = 0; i < 5; ++i) step();
+  EXPECT_EQ(testutil::new_calls() - news0, 0);
+  EXPECT_EQ(allocator_stats().system_allocations - system0, 0u);
+}
+
+TEST(Conv2DKernel, BadInputsNameTheProblem) {
+  const Tensor x = random_tensor(Shape{1, 4, 4, 3}, 41);
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] {
+        conv2d(x, random_tensor(Shape{5, 5, 3, 2}, 1), Tensor(), {});
+      },
+      {"larger than the input"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] {
+        conv2d(x, random_tensor(Shape{3, 3, 2, 2}, 1), Tensor(), {});
+      },
+      {"3 channels"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] {
+        conv2d(x, random_tensor(Shape{3, 3, 1, 2}, 1), Tensor(), {.groups = 2});
+      },
+      {"does not divide"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] {
+        conv2d(random_tensor(Shape{4, 4, 3}, 1), random_tensor(Shape{3, 3, 3, 2}, 1), Tensor(), {});
+      },
+      {"expected input [batch, height, width, channels]"});
+  testutil::expect_throws_with<InvalidArgumentError>([&] { padding_from_name("full", "here"); },
+                                                     {"unknown padding 'full'"});
+}
+
+TEST(PoolKernel, MaxAndAverageWithTfSamePadding) {
+  // 1×3×3×1: 1..9. 2×2 stride 2 same → out 2×2, windows clipped at the bottom/right edges.
+  const Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8, 9}, Shape{1, 3, 3, 1});
+  const Pool2DAttrs same{.padding = Padding::kSame};
+  EXPECT_EQ(pool2d(PoolKind::kMax, x, same).to_vector<float>(), (std::vector<float>{5, 6, 8, 9}));
+  // Averages over the valid elements only: (1+2+4+5)/4, (3+6)/2, (7+8)/2, 9.
+  EXPECT_EQ(pool2d(PoolKind::kAverage, x, same).to_vector<float>(),
+            (std::vector<float>{3, 4.5f, 7.5f, 9}));
+  const Pool2DAttrs valid{};
+  EXPECT_EQ(pool2d(PoolKind::kMax, x, valid).to_vector<float>(), (std::vector<float>{5}));
+  const Tensor dx = pool2d_backward(PoolKind::kMax, x, Tensor::ones(Shape{1, 2, 2, 1}), same);
+  EXPECT_EQ(dx.to_vector<float>(), (std::vector<float>{0, 0, 0, 0, 1, 1, 0, 1, 1}));
+  const Tensor da = pool2d_backward(PoolKind::kAverage, x, Tensor::ones(Shape{1, 2, 2, 1}), same);
+  EXPECT_EQ(da.to_vector<float>(),
+            (std::vector<float>{0.25f, 0.25f, 0.5f, 0.25f, 0.25f, 0.5f, 0.5f, 0.5f, 1}));
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [&] {
+        pool2d(PoolKind::kMax, x, {.pool = {4, 4}, .strides = {1, 1}});
+      },
+      {"larger than"});
+}
+
+TEST(PoolKernel, GlobalPools) {
+  const Tensor x = Tensor::from_vector<float>({1, -1, 3, -5, 2, 0, 4, 8}, Shape{1, 2, 2, 2});
+  EXPECT_EQ(global_pool(PoolKind::kMax, x).to_vector<float>(), (std::vector<float>{4, 8}));
+  EXPECT_EQ(global_pool(PoolKind::kAverage, x).to_vector<float>(),
+            (std::vector<float>{2.5f, 0.5f}));
+  const Tensor dx = global_pool_backward(PoolKind::kMax, x, Tensor::ones(Shape{1, 2}));
+  EXPECT_EQ(dx.to_vector<float>(), (std::vector<float>{0, 0, 0, 0, 0, 0, 1, 1}));
+}
+
+TEST(ChannelsFirst, TransposesBothWays) {
+  const Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, Shape{1, 2, 3});  // [n, c, l]
+  const Tensor last = to_channels_last(x);
+  EXPECT_EQ(last.shape(), (Shape{1, 3, 2}));
+  EXPECT_EQ(last.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  EXPECT_TRUE(to_channels_first(last).equals(x));
+}
+
+}  // namespace
+}  // namespace dtrain::ops

@@ -28,6 +28,8 @@ const LayerRegistry& layer_registry() {
   static const LayerRegistry registry = [] {
     LayerRegistry r;
     register_core_layers(r);
+    register_activation_layers(r);
+    register_normalization_layers(r);
     return r;
   }();
   return registry;

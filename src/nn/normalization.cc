@@ -75,8 +75,10 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
                                 axis_, options_.epsilon);
   }
   BatchNormMoments m;
-  Tensor y = batch_norm_training(x, gamma, beta, axis_, options_.epsilon, &m, sync_);
   const ReplicaStream stream = current_replica_stream();
+  static const std::shared_ptr<const BatchNormSync> kNoSync;
+  Tensor y = batch_norm_training(x, gamma, beta, axis_, options_.epsilon, &m,
+                                 stream.local >= 0 ? sync_ : kNoSync);
   if (stream.local < 0) {
     // Outside replicas: assign now, as Keras does.
     std::fill(immediate_.begin(), immediate_.end(), 0.0f);

@@ -45,7 +45,7 @@ class ReplicatedStep final : public TrainStep {
     // every worker learns at this step whether any of them must stop or skip.
     flags_ = Tensor(Shape{2});
     // Moving statistics (BatchNormalization) ride the same all-reduce as the flags.
-    state_updates_.begin(model_);
+    state_updates_.begin(model_, st_);
     extra_ = {flags_};
     if (!state_updates_.empty()) extra_.push_back(state_updates_.buffer());
     update_ = [this](int r, int parts) { s_.optimizer->update_part(out_, trainable_, r, parts); };

@@ -6,8 +6,22 @@
 
 namespace dtrain::train {
 
-void StateUpdates::begin(nn::Model& model) {
+StateUpdates::~StateUpdates() {
+  for (nn::BatchNormalization* bn : synced_) bn->set_sync(nullptr);
+}
+
+void StateUpdates::begin(nn::Model& model, distribute::Strategy& strategy) {
   layers_ = nn::stateful_layers(model);
+  for (nn::BatchNormalization* bn : synced_) bn->set_sync(nullptr);
+  synced_.clear();
+  for (nn::StatefulLayer* l : layers_) {
+    auto* bn = dynamic_cast<nn::BatchNormalization*>(l);
+    if (bn == nullptr || !bn->options().synchronized) continue;
+    if (!all_reduce_) all_reduce_ = std::make_shared<distribute::ReplicaAllReduce>(strategy);
+    bn->set_sync(std::make_shared<BatchNormSync>(BatchNormSync{
+        .all_reduce_sum = [r = all_reduce_](std::span<double> v) { r->all_reduce_sum(v); }}));
+    synced_.push_back(bn);
+  }
   offsets_.clear();
   int64_t total = 0, largest = 0;
   for (nn::StatefulLayer* l : layers_) {

@@ -8,18 +8,28 @@
 // update's linearity makes equal to one update with the mean of the replicas' updates.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "dtrain/core/tensor.h"
+#include "dtrain/distribute/replica_all_reduce.h"
+#include "dtrain/distribute/strategy.h"
 #include "dtrain/nn/model.h"
+#include "dtrain/nn/normalization.h"
 #include "dtrain/nn/state_updates.h"
 
 namespace dtrain::train {
 
 class StateUpdates {
  public:
-  // With the model built: finds its stateful layers and sizes the buffer.
-  void begin(nn::Model& model);
+  StateUpdates() = default;
+  StateUpdates(const StateUpdates&) = delete;
+  StateUpdates& operator=(const StateUpdates&) = delete;
+  // Disconnects the synchronized BatchNormalization layers from the strategy.
+  ~StateUpdates();
+  // With the model built: finds its stateful layers, sizes the buffer, and connects the
+  // synchronized BatchNormalization layers to `strategy`'s replica collective.
+  void begin(nn::Model& model, distribute::Strategy& strategy);
   bool empty() const { return layers_.empty(); }
   // The summed updates (valid after gather; reduced in place across workers by the caller).
   Tensor& buffer() { return sum_; }
@@ -33,6 +43,8 @@ class StateUpdates {
   std::vector<int64_t> offsets_;
   Tensor sum_;
   std::vector<float> one_;  // one replica's update of one layer
+  std::vector<nn::BatchNormalization*> synced_;
+  std::shared_ptr<distribute::ReplicaAllReduce> all_reduce_;
 };
 
 }  // namespace dtrain::train

@@ -56,6 +56,11 @@ class BatchNormalization : public Layer, public StatefulLayer {
   Variable& moving_mean() { return *moving_mean_; }
   Variable& moving_variance() { return *moving_variance_; }
 
+  // The collective of the strategy whose replicas run this layer (synchronized layers only;
+  // the training step connects it, null disconnects). Used by training calls on replica
+  // threads; elsewhere the local batch is the global one.
+  void set_sync(std::shared_ptr<const BatchNormSync> sync) { sync_ = std::move(sync); }
+
   // StatefulLayer: [momentum^k, k-fold mean addend [C], variance addend [C]].
   int64_t pending_update_size() const override { return 1 + 2 * channels_; }
   void take_pending_update(int local, std::span<float> out) override;

@@ -245,6 +245,11 @@ std::vector<int> axes_field(const json& c, const std::string& where, int fallbac
 }
 
 BatchNormalizationOptions bn_options(const json& c, const std::string& where, bool sync) {
+  // TF-Keras 2 options dtrain does not implement: refuse rather than train differently.
+  DTRAIN_CHECK(!detail::bool_field(c, "renorm", where, false), where,
+               ": BatchNormalization with renorm=True is not supported");
+  DTRAIN_CHECK(!c.contains("virtual_batch_size") || c["virtual_batch_size"].is_null(), where,
+               ": BatchNormalization with virtual_batch_size is not supported");
   const std::vector<int> axes = axes_field(c, where, -1);
   DTRAIN_CHECK(axes.size() == 1, where, ".axis: BatchNormalization over several axes (",
                json(axes).dump(), ") is not supported");
@@ -273,6 +278,8 @@ std::shared_ptr<Layer> sync_batch_norm_from_config(const json& c, const std::str
 }
 
 std::shared_ptr<Layer> layer_norm_from_config(const json& c, const std::string& where) {
+  DTRAIN_CHECK(!detail::bool_field(c, "rms_scaling", where, false), where,
+               ": LayerNormalization with rms_scaling=True is not supported");
   return std::make_shared<LayerNormalization>(LayerNormalizationOptions{
       .axis = axes_field(c, where, -1),
       .epsilon = static_cast<float>(detail::number_field(c, "epsilon", where, 1e-3)),

@@ -24,7 +24,7 @@ namespace dtrain::distribute {
 class ReplicaAllReduce {
  public:
   explicit ReplicaAllReduce(Strategy& strategy,
-                            std::chrono::milliseconds timeout = std::chrono::minutes(5));
+                            std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // On replica thread current_local_replica(): values ← Σ over every replica of values.
   // Outside run() (no replica) with one replica in sync: only the cross-worker sum.
   void all_reduce_sum(std::span<double> values);

@@ -15,6 +15,7 @@
 #include "dtrain/ops/normalization.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/backup_and_restore.h"
+#include "dtrain/train/saving.h"
 #include "dtrain/train/training.h"
 #include "testutil/count_new.h"
 
@@ -193,6 +194,33 @@ TEST(BatchNormFit, SyncBatchNormOnTwoReplicasMatchesOneDevice) {
   }
   // Plain BatchNormalization on two replicas differs (per-replica moments, as TF).
   nn::clear_session();
+}
+
+// A trained model with BatchNormalization, LayerNormalization and the new activations saves
+// to Keras's HDF5 format and loads back with the same weights (moving statistics included)
+// and the same predictions.
+TEST(BatchNormFit, SavedH5LoadsWithTheSameStatisticsAndPredictions) {
+  const Data d = make_data(128, 7);
+  nn::clear_session();
+  nn::Sequential m({nn::Dense(8, {.use_bias = false, .input_shape = Shape{4}}),
+                    nn::BatchNormalization({.momentum = 0.5f}), nn::LeakyReLU(),
+                    nn::LayerNormalization(), nn::Dense(3, {.activation = "gelu"})});
+  m.compile({.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01f}),
+             .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
+  m.fit(d.x, d.y, {.epochs = 1, .batch_size = 32, .verbose = 0});
+  const std::string path =
+      (fs::temp_directory_path() / ("dtrain_bn_" + std::to_string(getpid()) + ".h5")).string();
+  m.save(path);
+  nn::clear_session();
+  const std::unique_ptr<nn::Model> back = train::load_model(path);
+  fs::remove(path);
+  const std::vector<Variable*> a = m.weights(), b = back->weights();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]->name(), b[i]->name());
+    EXPECT_TRUE(a[i]->tensor().equals(b[i]->tensor())) << a[i]->name();
+  }
+  EXPECT_TRUE(m.predict(d.x, {.batch_size = 32}).equals(back->predict(d.x, {.batch_size = 32})));
 }
 
 class Interrupted : public std::runtime_error {

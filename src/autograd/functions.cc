@@ -169,16 +169,6 @@ void abs_backward(Tape& t, const Node& n, Tensor g) {
   t.accumulate(n.in[0], map1(g, n.saved[0],
                              [](float gi, float x) { return x > 0 ? gi : (x < 0 ? -gi : 0.0f); }));
 }
-// out = act(x) for act in relu/sigmoid/tanh/softmax (i[0]); derivative from out.
-void activation_backward(Tape& t, const Node& n, Tensor g) {
-  Tensor dz = writable(std::move(g));
-  const Tensor& y = n.saved[1];
-  const int64_t cols = y.rank() == 0 ? 1 : y.dim(-1);
-  ops::activation_backward_inplace(static_cast<Activation>(n.i[0]), y.data<float>(),
-                                   dz.data<float>(), y.num_elements() / std::max<int64_t>(cols, 1),
-                                   cols);
-  t.accumulate(n.in[0], std::move(dz));
-}
 // out = x − logsumexp(x): dx = g − softmax(x) Σ g, per row
 void log_softmax_backward(Tape& t, const Node& n, Tensor g) {
   Tensor dx = writable(std::move(g));
@@ -213,18 +203,6 @@ Tensor record_unary(const Tensor& x, Tensor out, detail::BackwardFn fn, bool sav
   return out;
 }
 
-Tensor activation_op(const Tensor& x, Activation act) {
-  DTRAIN_CHECK(x.defined() && x.dtype() == DType::kFloat32, ops::activation_name(act),
-               ": expected a float32 tensor");
-  if (act == Activation::kLinear) return x;
-  Tensor out = x.clone();
-  const int64_t cols = x.rank() == 0 ? 1 : x.dim(-1);
-  ops::activation_inplace(act, out.data<float>(), x.num_elements() / std::max<int64_t>(cols, 1),
-                          cols);
-  return record_unary(x, std::move(out), activation_backward, false, true,
-                      static_cast<int64_t>(act));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Matrix ops.
 
@@ -245,15 +223,19 @@ void matmul_backward(Tape& t, const Node& n, Tensor g) {
   }
 }
 
-// out = act(x · W + b); saved x [B, in], W [in, out], out [B, out]; i[0] = act.
+// out = act(x · W + b); saved x [B, in], W [in, out], out (or x · W + b) [B, out]; i[0] = act.
 void dense_backward(Tape& t, const Node& n, Tensor g) {
   const Tensor& x = n.saved[0];
   const Tensor& w = n.saved[1];
   const Tensor& y = n.saved[2];
   const int64_t batch = x.dim(0), in = x.dim(1), out = w.dim(1);
   Tensor dz = writable(std::move(g));  // dz = dy ⊙ act'(·)
-  ops::activation_backward_inplace(static_cast<Activation>(n.i[0]), y.data<float>(),
-                                   dz.data<float>(), batch, out);
+  // saved[2] is the pre-activation z when the derivative needs it (i[1] = 1), else the output.
+  const auto act = static_cast<Activation>(n.i[0]);
+  const bool from_input = n.i[1] != 0;
+  ops::activation_backward_inplace(act, from_input ? nullptr : y.data<float>(),
+                                   from_input ? y.data<float>() : nullptr, dz.data<float>(), batch,
+                                   out, ops::default_activation_alpha(act));
   if (n.in[1] >= 0) {
     Tensor dw(Shape{in, out});  // dW = xᵀ dz
     ops::gemm(true, false, in, out, batch, 1.0f, x.data<float>(), in, dz.data<float>(), out, 0.0f,
@@ -392,11 +374,6 @@ Tensor square(const Tensor& x) {
 Tensor abs(const Tensor& x) {
   return record_unary(x, ops::unary(UnaryOp::kAbs, x), abs_backward, true, false);
 }
-Tensor relu(const Tensor& x) { return activation_op(x, Activation::kRelu); }
-Tensor sigmoid(const Tensor& x) { return activation_op(x, Activation::kSigmoid); }
-Tensor tanh(const Tensor& x) { return activation_op(x, Activation::kTanh); }
-Tensor softmax(const Tensor& x) { return activation_op(x, Activation::kSoftmax); }
-Tensor activation(const Tensor& x, Activation act) { return activation_op(x, act); }
 
 Tensor log_softmax(const Tensor& x) {
   return record_unary(x, ops::log_softmax(x), log_softmax_backward, false, true);
@@ -445,16 +422,21 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
   }
   ops::gemm(false, false, batch, units, in, 1.0f, x.data<float>(), in, kernel.data<float>(), units,
             bias.defined() ? 1.0f : 0.0f, y.data<float>(), units);
-  ops::activation_inplace(act, y.data<float>(), batch, units);
   Tape* t = bias.defined() ? recording_tape(x, &kernel, &bias) : recording_tape(x, &kernel);
+  // Activations whose derivative the output does not give (gelu, swish) keep the
+  // pre-activation: one extra buffer, only for them and only while recording.
+  const bool keep_z = t != nullptr && ops::activation_needs_input(act);
+  Tensor saved_y = keep_z ? y.clone() : Tensor();
+  ops::activation_inplace(act, y.data<float>(), batch, units);
   if (t == nullptr) return y;
-  Tensor saved_y = stop_gradient(y);
+  if (!keep_z) saved_y = stop_gradient(y);
   Node& n = t->record(dense_backward, y, t->node_of(x), t->node_of(kernel),
                       bias.defined() ? t->node_of(bias) : -1);
   n.saved[0] = stop_gradient(x);
   n.saved[1] = stop_gradient(kernel);
   n.saved[2] = std::move(saved_y);
   n.i[0] = static_cast<int64_t>(act);
+  n.i[1] = keep_z ? 1 : 0;
   return y;
 }
 

@@ -30,6 +30,9 @@ const LayerRegistry& layer_registry() {
     register_core_layers(r);
     register_convolutional_layers(r);
     register_pooling_layers(r);
+    register_activation_layers(r);
+    register_normalization_layers(r);
+    register_reshaping_layers(r);
     return r;
   }();
   return registry;

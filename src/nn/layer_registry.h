@@ -38,6 +38,9 @@ const LayerRegistry& layer_registry();
 void register_core_layers(LayerRegistry& registry);           // layers.cc
 void register_convolutional_layers(LayerRegistry& registry);  // convolutional.cc
 void register_pooling_layers(LayerRegistry& registry);        // pooling.cc
+void register_activation_layers(LayerRegistry& registry);     // activations.cc
+void register_normalization_layers(LayerRegistry& registry);  // normalization.cc
+void register_reshaping_layers(LayerRegistry& registry);      // reshaping.cc
 
 // Rebuilds one layer from {"class_name": ..., "config": {...}} in either Keras dialect: checks
 // the dtype is float32, looks the class up, applies "trainable". Throws InvalidArgumentError

@@ -17,39 +17,6 @@ void check_float(const Tensor& t, const char* fn) {
                " of shape ", t.shape().to_string());
 }
 
-inline float sigmoidf(float x) {
-  // Stable for large |x|.
-  if (x >= 0) {
-    const float z = std::exp(-x);
-    return 1.0f / (1.0f + z);
-  }
-  const float z = std::exp(x);
-  return z / (1.0f + z);
-}
-
-void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* yr = y + r * cols;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
-    if (!std::isfinite(mx)) mx = 0;  // all -inf (or inf/nan): let the arithmetic propagate
-    double sum = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float e = std::exp(xr[c] - mx);
-      if (!log) yr[c] = e;
-      sum += e;
-    }
-    if (log) {
-      const float lse = mx + static_cast<float>(std::log(sum));
-      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] - lse;
-    } else {
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t c = 0; c < cols; ++c) yr[c] *= inv;
-    }
-  }
-}
-
 int normalize_axis(int axis, int rank, const char* fn) {
   const int a = axis < 0 ? axis + rank : axis;
   DTRAIN_CHECK(a >= 0 && a < rank, fn, ": axis ", axis, " out of range for rank ", rank);
@@ -57,81 +24,6 @@ int normalize_axis(int axis, int rank, const char* fn) {
 }
 
 }  // namespace
-
-Activation activation_from_name(const std::string& name) {
-  if (name == "linear" || name.empty() || name == "None") return Activation::kLinear;
-  if (name == "relu") return Activation::kRelu;
-  if (name == "sigmoid") return Activation::kSigmoid;
-  if (name == "tanh") return Activation::kTanh;
-  if (name == "softmax") return Activation::kSoftmax;
-  throw InvalidArgumentError("unknown activation '" + name +
-                             "' (known: linear, relu, sigmoid, tanh, softmax)");
-}
-
-const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::kLinear:
-      return "linear";
-    case Activation::kRelu:
-      return "relu";
-    case Activation::kSigmoid:
-      return "sigmoid";
-    case Activation::kTanh:
-      return "tanh";
-    case Activation::kSoftmax:
-      return "softmax";
-  }
-  return "linear";
-}
-
-void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols) {
-  const int64_t n = rows * cols;
-  switch (act) {
-    case Activation::kLinear:
-      return;
-    case Activation::kRelu:
-      for (int64_t i = 0; i < n; ++i)
-        y[i] = y[i] < 0.0f ? 0.0f : y[i];  // NaN propagates, as tf.nn.relu
-      return;
-    case Activation::kSigmoid:
-      for (int64_t i = 0; i < n; ++i) y[i] = sigmoidf(y[i]);
-      return;
-    case Activation::kTanh:
-      for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(y[i]);
-      return;
-    case Activation::kSoftmax:
-      softmax_rows(y, y, rows, cols, false);
-      return;
-  }
-}
-
-void activation_backward_inplace(Activation act, const float* y, float* dz, int64_t rows,
-                                 int64_t cols) {
-  const int64_t n = rows * cols;
-  switch (act) {
-    case Activation::kLinear:
-      return;
-    case Activation::kRelu:
-      // relu(x) > 0 exactly where x > 0, so the mask can be read from the output.
-      for (int64_t i = 0; i < n; ++i) dz[i] = y[i] > 0.0f ? dz[i] : 0.0f;
-      return;
-    case Activation::kSigmoid:
-      for (int64_t i = 0; i < n; ++i) dz[i] *= y[i] * (1.0f - y[i]);
-      return;
-    case Activation::kTanh:
-      for (int64_t i = 0; i < n; ++i) dz[i] *= 1.0f - y[i] * y[i];
-      return;
-    case Activation::kSoftmax:
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* yr = y + r * cols;
-        float* dr = dz + r * cols;
-        float dot = 0;
-        for (int64_t c = 0; c < cols; ++c) dot += dr[c] * yr[c];
-        for (int64_t c = 0; c < cols; ++c) dr[c] = yr[c] * (dr[c] - dot);
-      }
-      return;
-  }
-}
 
 Shape broadcast_shapes(const Shape& a, const Shape& b) {
   const int rank = std::max(a.rank(), b.rank());
@@ -309,7 +201,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
       for (int64_t i = 0; i < n; ++i) po[i] = px[i] < 0 ? 0.0f : px[i];
       break;
     case UnaryOp::kSigmoid:
-      for (int64_t i = 0; i < n; ++i) po[i] = sigmoidf(px[i]);
+      for (int64_t i = 0; i < n; ++i) po[i] = sigmoid_scalar(px[i]);
       break;
     case UnaryOp::kTanh:
       for (int64_t i = 0; i < n; ++i) po[i] = std::tanh(px[i]);

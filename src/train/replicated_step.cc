@@ -15,6 +15,7 @@
 #include "dtrain/distribute/sync_check.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/preemption.h"
+#include "state_updates.h"
 #include "train_step.h"
 
 namespace dtrain::train {
@@ -43,6 +44,10 @@ class ReplicatedStep final : public TrainStep {
     // Preemption flag and non-finite-loss count, reduced with the gradients (one bucket), so
     // every worker learns at this step whether any of them must stop or skip.
     flags_ = Tensor(Shape{2});
+    // Moving statistics (BatchNormalization) ride the same all-reduce as the flags.
+    state_updates_.begin(model_, st_);
+    extra_ = {flags_};
+    if (!state_updates_.empty()) extra_.push_back(state_updates_.buffer());
     update_ = [this](int r, int parts) { s_.optimizer->update_part(out_, trainable_, r, parts); };
     if (!s_.variables_synced) {
       // Every worker starts from the chief's variables (TF broadcasts them when variables are
@@ -69,6 +74,7 @@ class ReplicatedStep final : public TrainStep {
     }
     global_ = global;
     st_.run([this](int r) { compute(r); });
+    state_updates_.gather(local);
 
     int64_t nonfinite_loss = 0;
     for (int r = 0; r < local; ++r) {
@@ -86,7 +92,9 @@ class ReplicatedStep final : public TrainStep {
     if (update_now) s_.optimizer->prepare_update(out_, trainable_);
     st_.reduce_gradients(
         per_replica_, out_, distribute::ReduceOp::kSum,
-        {.extra = std::span<Tensor>(&flags_, 1), .then = update_now ? &update_ : nullptr});
+        {.extra = std::span<Tensor>(extra_), .then = update_now ? &update_ : nullptr});
+    // Applied whether or not the gradients are (the forward pass ran, as in Keras).
+    state_updates_.apply(st_.num_replicas_in_sync());
     StepOutcome outcome;
     outcome.stop = flags_.data<float>()[0] > 0.0f;
     if (update_now) {
@@ -162,6 +170,8 @@ class ReplicatedStep final : public TrainStep {
   std::vector<std::vector<Tensor>> per_replica_;
   std::span<Tensor> out_;
   Tensor flags_;
+  StateUpdates state_updates_;
+  std::vector<Tensor> extra_;  // flags_, then the state updates (sharing their buffers)
   int64_t global_ = 0;
   std::function<void(int, int)> update_;
 };

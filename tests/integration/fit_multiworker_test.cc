@@ -95,6 +95,20 @@ TEST_F(FitMultiWorker, TwoWorkersAreIdenticalAndMatchOneProcess) {
   EXPECT_LT(max_relative_difference(w, single_), 1e-4);
 }
 
+// SyncBatchNormalization: 2 workers × 32 rows train as BatchNormalization on one process with
+// batch 64 (the moments, their backward and the moving statistics are the global batch's).
+TEST_F(FitMultiWorker, SyncBatchNormTwoWorkersMatchOneProcessWithTheGlobalBatch) {
+  const std::vector<std::string> flags = {"--sync-bn", "1", "--batch-size", "64"};
+  const auto single = floats(run(dir_, "single", 1, flags)[0]);
+  const auto out = run(dir_, "multi-worker", 2, flags);
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_FALSE(out[0].empty());
+  EXPECT_EQ(out[0], out[1]) << "workers' variables differ";
+  const auto w = floats(out[0]);
+  ASSERT_EQ(w.size(), single.size());
+  EXPECT_LT(max_relative_difference(w, single), 1e-4);
+}
+
 TEST_F(FitMultiWorker, ThreeWorkersWithTwoReplicasEachAreIdentical) {
   const auto out = run(dir_, "multi-worker", 3, {"--replicas", "2"});
   ASSERT_EQ(out.size(), 3u);

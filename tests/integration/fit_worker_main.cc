@@ -3,7 +3,7 @@
 // TF_CONFIG) and writes every model and optimizer variable, raw, to --out.
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
-//              [--step-delay-us U]
+//              [--step-delay-us U] [--sync-bn 1] [--batch-size B]
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -20,6 +20,7 @@
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/normalization.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/training.h"
 
@@ -59,6 +60,9 @@ struct Backup {
   int64_t every = 0;          // steps between backups (0: each epoch)
   int64_t step_delay_us = 0;  // sleep after each step (gives chaos tests time to strike)
   bool async = false;         // backups written on background threads
+  // --sync-bn 1: Dense(16, no bias) → SyncBatchNormalization → relu instead of Dense(16, relu).
+  bool sync_bn = false;
+  int64_t batch_size = 32;  // --batch-size: the global batch
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -82,8 +86,16 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   // Rows this process's replicas computed on, counted where they are computed (replica threads
   // call the layer concurrently): proves the global batches are split.
   auto counter = std::make_shared<RowCounter>();
-  nn::Sequential model({nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}),
-                        nn::LayerRef(counter), nn::Dense(3)});
+  nn::Sequential model;
+  if (backup.sync_bn) {
+    model.add_layer(nn::Dense(16, {.use_bias = false, .input_shape = Shape{kFeatures}}));
+    model.add_layer(nn::BatchNormalization({.synchronized = true}));
+    model.add_layer(nn::Activation("relu"));
+  } else {
+    model.add_layer(nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}));
+  }
+  model.add_layer(nn::LayerRef(counter));
+  model.add_layer(nn::Dense(3));
   model.compile(
       {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
        .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
@@ -97,7 +109,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   }
   const auto h = model.fit(x, y,
                            {.epochs = epochs,
-                            .batch_size = 32,
+                            .batch_size = backup.batch_size,
                             .seed = 5,
                             .verbose = 0,
                             .callbacks = callbacks,
@@ -149,6 +161,10 @@ int main(int argc, char** argv) {
       backup.step_delay_us = std::atoll(v.c_str());
     else if (k == "--async-checkpoint")
       backup.async = v == "1";
+    else if (k == "--sync-bn")
+      backup.sync_bn = v == "1";
+    else if (k == "--batch-size")
+      backup.batch_size = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "error: unknown flag %s\n", k.c_str());
       return 2;

@@ -7,22 +7,9 @@
 #include <string>
 
 #include "dtrain/core/tensor.h"
+#include "dtrain/ops/activations.h"
 
 namespace dtrain::ops {
-
-// Activations that Dense fuses into its kernel.
-enum class Activation { kLinear, kRelu, kSigmoid, kTanh, kSoftmax };
-// "linear"/"relu"/"sigmoid"/"tanh"/"softmax" (and None-like "" → linear); throws
-// InvalidArgumentError naming the unknown activation.
-Activation activation_from_name(const std::string& name);
-const char* activation_name(Activation a);
-
-// y [rows, cols] ← act(y), in place (softmax along each row).
-void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols);
-// dz ← dy ⊙ act'(x) expressed through the forward output y = act(x), in place on dz (which holds
-// dy on entry). y, dz [rows, cols]. For softmax: dz = y ⊙ (dy − Σ_j dy_j y_j) per row.
-void activation_backward_inplace(Activation act, const float* y, float* dz, int64_t rows,
-                                 int64_t cols);
 
 // kGreaterEqual / kLessEqual give 1.0 where the comparison holds, else 0.0.
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMaximum, kMinimum, kGreaterEqual, kLessEqual };

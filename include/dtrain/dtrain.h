@@ -1,6 +1,7 @@
 // Umbrella header: the whole public API of dtrain. Link the CMake target `dtrain`.
 #pragma once
 
+#include "dtrain/autograd/array_ops.h"
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/autograd/variable.h"
@@ -11,9 +12,11 @@
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/nn/functional.h"
 #include "dtrain/nn/initializers.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/losses.h"
+#include "dtrain/nn/merging.h"
 #include "dtrain/nn/metrics.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/ops/gemm.h"

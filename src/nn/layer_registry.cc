@@ -28,6 +28,8 @@ const LayerRegistry& layer_registry() {
   static const LayerRegistry registry = [] {
     LayerRegistry r;
     register_core_layers(r);
+    register_merging_layers(r);
+    register_functional_layers(r);
     return r;
   }();
   return registry;

@@ -35,7 +35,10 @@ class LayerRegistry {
 const LayerRegistry& layer_registry();
 
 // One per family, each defined next to its layers.
-void register_core_layers(LayerRegistry& registry);  // layers.cc
+void register_core_layers(LayerRegistry& registry);     // layers.cc
+void register_merging_layers(LayerRegistry& registry);  // merging.cc
+// "Functional" and "Model" (nested models), in functional_config.cc.
+void register_functional_layers(LayerRegistry& registry);
 
 // Rebuilds one layer from {"class_name": ..., "config": {...}} in either Keras dialect: checks
 // the dtype is float32, looks the class up, applies "trainable". Throws InvalidArgumentError

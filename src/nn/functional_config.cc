@@ -153,11 +153,12 @@ Coordinates parse_coordinates(const json& j, const std::string& where) {
   return {j[0].get<std::string>(), j[1].get<int>(), j[2].get<int>()};
 }
 
-// Keras 3 wraps tuples as {"class_name": "__tuple__", "config": {"value": [...]}}.
+// A tuple wrapped as {"class_name": "__tuple__", "items": [...]} (tf_keras's json_utils
+// encoder, SavedModel metadata) or {"class_name": "__tuple__", "config": {"value": [...]}}.
 const json& unwrap_tuple(const json& j) {
-  if (j.is_object() && j.value("class_name", json()) == "__tuple__" && j.contains("config") &&
-      j["config"].contains("value")) {
-    return j["config"]["value"];
+  if (j.is_object() && j.value("class_name", json()) == "__tuple__") {
+    if (j.contains("items")) return j["items"];
+    if (j.contains("config") && j["config"].contains("value")) return j["config"]["value"];
   }
   return j;
 }

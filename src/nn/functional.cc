@@ -170,18 +170,22 @@ Functional::Functional(const std::vector<KerasTensor>& inputs,
                  i, "] ('", inputs[i].layer().name(), "') is not connected to any output");
   }
   nodes_ = map.post_order;
-  std::map<const detail::SymbolicNode*, size_t> position;
-  for (size_t i = 0; i < nodes_.size(); ++i) position[nodes_[i].get()] = i;
+  // Every node's outputs get consecutive slots of one flat vector in call_list.
+  std::map<const detail::SymbolicNode*, size_t> offset;
+  for (const auto& node : nodes_) {
+    offset[node.get()] = num_slots_;
+    output_offsets_.push_back(num_slots_);
+    num_slots_ += node->output_shapes.size();
+  }
   auto slot_of = [&](const KerasTensor& x) {
-    return Slot{position.at(x.node().get()), static_cast<size_t>(x.tensor_index())};
+    return offset.at(x.node().get()) + static_cast<size_t>(x.tensor_index());
   };
-  for (const KerasTensor& x : inputs_) input_slots_.push_back(position.at(x.node().get()));
+  for (const KerasTensor& x : inputs_) input_slots_.push_back(slot_of(x));
   for (const KerasTensor& y : outputs_) output_slots_.push_back(slot_of(y));
   for (const auto& node : nodes_) {
     arg_slots_.emplace_back();
     for (const KerasTensor& x : node->inputs) arg_slots_.back().push_back(slot_of(x));
   }
-
   // Depths as Keras computes them: outputs at 0, a node one deeper than its deepest consumer,
   // a layer as deep as its deepest node.
   std::map<const detail::SymbolicNode*, int> node_depth;
@@ -231,7 +235,7 @@ int Functional::config_node_index(const detail::SymbolicNode& node) const {
 std::vector<Tensor> Functional::call_list(std::span<const Tensor> inputs, bool training) {
   DTRAIN_CHECK(inputs.size() == inputs_.size(), "Functional '", name(), "': expects ",
                inputs_.size(), " inputs, got ", inputs.size());
-  std::vector<std::vector<Tensor>> values(nodes_.size());
+  std::vector<Tensor> values(num_slots_);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& x = inputs[i];
     const Shape& want = inputs_[i].shape();
@@ -239,27 +243,29 @@ std::vector<Tensor> Functional::call_list(std::span<const Tensor> inputs, bool t
                  "Functional '", name(), "': input ", i, " ('", inputs_[i].layer().name(),
                  "') expects shape [batch", want.rank() ? ", " : "", want.to_string().substr(1),
                  ", got ", x.defined() ? x.shape().to_string() : std::string("undefined"));
-    values[input_slots_[i]] = {x};
+    values[input_slots_[i]] = x;
   }
   std::vector<Tensor> args;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const detail::SymbolicNode& node = *nodes_[i];
     if (node.is_input()) continue;
-    args.clear();
-    for (const Slot& s : arg_slots_[i]) args.push_back(values[s.node][s.tensor]);
-    if (!node.list_input && args.size() == 1 && node.output_shapes.size() == 1) {
-      values[i] = {(*node.layer)(args[0], training)};
-    } else {
-      values[i] = node.layer->call_list(args, training);
-      DTRAIN_CHECK(values[i].size() == node.output_shapes.size(), "Functional '", name(),
-                   "': layer '", node.layer->name(), "' gave ", values[i].size(),
-                   " outputs, expected ", node.output_shapes.size());
+    const size_t out = output_offsets_[i];
+    if (!node.list_input && arg_slots_[i].size() == 1 && node.output_shapes.size() == 1) {
+      values[out] = (*node.layer)(values[arg_slots_[i][0]], training);
+      continue;
     }
+    args.clear();
+    for (size_t s : arg_slots_[i]) args.push_back(values[s]);
+    std::vector<Tensor> ys = node.layer->call_list(args, training);
+    DTRAIN_CHECK(ys.size() == node.output_shapes.size(), "Functional '", name(), "': layer '",
+                 node.layer->name(), "' gave ", ys.size(), " outputs, expected ",
+                 node.output_shapes.size());
+    for (size_t k = 0; k < ys.size(); ++k) values[out + k] = std::move(ys[k]);
   }
-  std::vector<Tensor> out;
-  out.reserve(outputs_.size());
-  for (const Slot& s : output_slots_) out.push_back(values[s.node][s.tensor]);
-  return out;
+  std::vector<Tensor> result;
+  result.reserve(outputs_.size());
+  for (size_t s : output_slots_) result.push_back(values[s]);
+  return result;
 }
 
 Tensor Functional::call(const Tensor& x, bool training) {

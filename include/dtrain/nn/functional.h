@@ -132,20 +132,19 @@ class Functional : public Model {
   int config_node_index(const detail::SymbolicNode& node) const;
 
  private:
-  struct Slot {
-    size_t node;    // index in nodes_
-    size_t tensor;  // output index of that node
-  };
   void check_input_shapes(std::span<const Shape> input_shapes) const;
 
   std::vector<KerasTensor> inputs_;
   std::vector<KerasTensor> outputs_;
   // Every node in the model in an execution order (inputs before their consumers).
   std::vector<std::shared_ptr<const detail::SymbolicNode>> nodes_;
-  // Where call_list finds each node's arguments, the inputs and the outputs.
-  std::vector<std::vector<Slot>> arg_slots_;
+  // call_list keeps every node's outputs in one flat vector: node i's outputs start at
+  // output_offsets_[i]; arg_slots_[i] are where its arguments are.
+  size_t num_slots_ = 0;
+  std::vector<size_t> output_offsets_;
+  std::vector<std::vector<size_t>> arg_slots_;
   std::vector<size_t> input_slots_;
-  std::vector<Slot> output_slots_;
+  std::vector<size_t> output_slots_;
 };
 
 }  // namespace dtrain::nn

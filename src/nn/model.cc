@@ -232,13 +232,19 @@ std::unique_ptr<Model> model_from_json(const std::string& text) {
     }
     model->add_layer(layer);
   }
-  // Keras 3 records the input shape of a Sequential without an InputLayer in build_config.
+  // Keras 3 records the input shape of a Sequential without an InputLayer in build_config
+  // (and in config.build_input_shape).
   if (!model->built() && j.contains("build_config") && j["build_config"].is_object()) {
     const json& input_shape = j["build_config"].value("input_shape", json());
     if (!input_shape.is_null()) {
       model->build(
           detail::batch_shape_from_json(input_shape, "model_from_json: build_config.input_shape"));
     }
+  }
+  if (!model->built() && config.is_object() && config.contains("build_input_shape") &&
+      !config["build_input_shape"].is_null()) {
+    model->build(detail::batch_shape_from_json(config["build_input_shape"],
+                                               "model_from_json: config.build_input_shape"));
   }
   return model;
 }

@@ -10,6 +10,7 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/data/dataset.h"
+#include "dtrain/nn/functional.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/optimizer.h"
 
@@ -50,12 +51,14 @@ std::vector<std::pair<std::string, Trackable>> GraphView::children_of(const Trac
       if (model == nullptr) break;
       UnbuiltModel unbuilt{path, {}};
       const auto& layers = model->layers();
-      if (dynamic_cast<nn::Sequential*>(model) != nullptr) {
-        // Keras Functional/Sequential: layer_with_weights-<j> before layer-<i>, InputLayer
-        // excluded from both counts.
+      const bool functional = dynamic_cast<nn::Functional*>(model) != nullptr;
+      if (functional || dynamic_cast<nn::Sequential*>(model) != nullptr) {
+        // Keras Functional/Sequential: layer_with_weights-<j> before layer-<i>. Sequential's
+        // layers exclude its InputLayer; a Functional's include its InputLayers (Keras's
+        // Functional.layers), which take layer-<i> numbers.
         int i = 0, j = 0;
         for (const auto& l : layers) {
-          if (l->class_name() == "InputLayer") continue;
+          if (!functional && l->class_name() == "InputLayer") continue;
           if (!l->weights().empty())
             out.emplace_back(str_cat("layer_with_weights-", j++), Trackable(*l));
           out.emplace_back(str_cat("layer-", i++), Trackable(*l));

@@ -33,6 +33,8 @@ const LayerRegistry& layer_registry() {
     register_activation_layers(r);
     register_normalization_layers(r);
     register_reshaping_layers(r);
+    register_merging_layers(r);
+    register_functional_layers(r);
     return r;
   }();
   return registry;

@@ -41,6 +41,10 @@ void register_pooling_layers(LayerRegistry& registry);        // pooling.cc
 void register_activation_layers(LayerRegistry& registry);     // activations.cc
 void register_normalization_layers(LayerRegistry& registry);  // normalization.cc
 void register_reshaping_layers(LayerRegistry& registry);      // reshaping.cc
+void register_core_layers(LayerRegistry& registry);     // layers.cc
+void register_merging_layers(LayerRegistry& registry);  // merging.cc
+// "Functional" and "Model" (nested models), in functional_config.cc.
+void register_functional_layers(LayerRegistry& registry);
 
 // Rebuilds one layer from {"class_name": ..., "config": {...}} in either Keras dialect: checks
 // the dtype is float32, looks the class up, applies "trainable". Throws InvalidArgumentError

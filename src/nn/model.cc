@@ -8,6 +8,7 @@
 #include "config.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/nn/layers.h"
+#include "functional_config.h"
 #include "layer_registry.h"
 
 namespace dtrain::nn {
@@ -206,10 +207,14 @@ std::unique_ptr<Model> model_from_json(const std::string& text) {
   DTRAIN_CHECK(j.is_object() && j.contains("class_name") && j["class_name"].is_string(),
                "model_from_json: expected {\"class_name\": \"Sequential\", \"config\": ...}");
   const std::string cls = j["class_name"].get<std::string>();
-  DTRAIN_CHECK(cls == "Sequential", "model_from_json: model class '", cls,
-               "' is not supported (only Sequential models can be rebuilt from JSON)");
   DTRAIN_CHECK(j.contains("config"), "model_from_json: missing \"config\"");
   const json& config = j["config"];
+  // Keras 2 writes "Functional" (and before TF 2.4 "Model") for functional models.
+  if (cls == "Functional" || cls == "Model") {
+    return detail::functional_from_config(config, "model_from_json");
+  }
+  DTRAIN_CHECK(cls == "Sequential", "model_from_json: model class '", cls,
+               "' is not supported (Sequential and Functional models can be rebuilt from JSON)");
   // Keras < 2.3 wrote the layer list itself as the config.
   const json& layers = config.is_array() ? config : config.value("layers", json());
   DTRAIN_CHECK(layers.is_array(), "model_from_json: config.layers must be a list");
@@ -226,6 +231,20 @@ std::unique_ptr<Model> model_from_json(const std::string& text) {
       continue;
     }
     model->add_layer(layer);
+  }
+  // Keras 3 records the input shape of a Sequential without an InputLayer in build_config
+  // (and in config.build_input_shape).
+  if (!model->built() && j.contains("build_config") && j["build_config"].is_object()) {
+    const json& input_shape = j["build_config"].value("input_shape", json());
+    if (!input_shape.is_null()) {
+      model->build(
+          detail::batch_shape_from_json(input_shape, "model_from_json: build_config.input_shape"));
+    }
+  }
+  if (!model->built() && config.is_object() && config.contains("build_input_shape") &&
+      !config["build_input_shape"].is_null()) {
+    model->build(detail::batch_shape_from_json(config["build_input_shape"],
+                                               "model_from_json: config.build_input_shape"));
   }
   return model;
 }

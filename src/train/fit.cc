@@ -1,6 +1,7 @@
 // Model::compile and Model::fit: resolve the compile options, then run the training loop
 // (fit_loop.h) with the step of the strategy in scope (train_step.h).
 #include "dtrain/core/random.h"
+#include "dtrain/nn/functional.h"
 #include "dtrain/train/training.h"
 #include "fit_loop.h"
 #include "training_state.h"
@@ -29,6 +30,13 @@ namespace {
 // it from the shuffle seed, so that a resumed run can rebuild the exact order it had.
 History run_fit(nn::Model& model, const MakeDataset& make_dataset,
                 std::optional<uint64_t> data_seed, const FitOptions& options) {
+  if (auto* f = dynamic_cast<nn::Functional*>(&model);
+      f != nullptr && (f->inputs().size() != 1 || f->outputs().size() != 1)) {
+    throw UnimplementedError(str_cat("fit: Functional model '", model.name(), "' has ",
+                                     f->inputs().size(), " inputs and ", f->outputs().size(),
+                                     " outputs; dtrain trains models with one input and one "
+                                     "output (call_list() runs the others)"));
+  }
   TrainingState& s = state_of(model, "fit");
   DTRAIN_CHECK(s.loop == nullptr, "fit: model '", model.name(), "' is already training");
   if (is_parameter_server_strategy(s.strategy) && !s.strategy->is_chief()) {

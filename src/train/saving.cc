@@ -12,6 +12,7 @@
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/keras_h5.h"
 #include "dtrain/core/error.h"
+#include "dtrain/nn/functional.h"
 #include "dtrain/train/training.h"
 #include "training_state.h"
 
@@ -49,12 +50,13 @@ void check_built(nn::Model& model, const char* fn) {
   }
 }
 
-// The layers that own weight groups in a file: model.layers() without InputLayer (Keras's
-// model.layers does not list it).
+// The layers that own weight groups in a file: Keras's model.layers, which for a Sequential
+// does not list the InputLayer, and for a Functional does (its group holds no weights).
 std::vector<nn::Layer*> saved_layers(nn::Model& model) {
+  const bool functional = dynamic_cast<nn::Functional*>(&model) != nullptr;
   std::vector<nn::Layer*> out;
   for (const auto& l : model.layers()) {
-    if (l->class_name() != "InputLayer") out.push_back(l.get());
+    if (functional || l->class_name() != "InputLayer") out.push_back(l.get());
   }
   return out;
 }

@@ -17,7 +17,11 @@
 
 namespace dtrain::nn {
 
-class Layer {
+class KerasTensor;  // dtrain/nn/functional.h
+
+// Layers derive from enable_shared_from_this so that a layer owned by a shared_ptr can be
+// called on symbolic tensors (the graph shares its ownership).
+class Layer : public std::enable_shared_from_this<Layer> {
  public:
   // An empty name gets a unique Keras-style default from the class ("dense", "dense_1", ...).
   explicit Layer(std::string name = {});
@@ -34,6 +38,16 @@ class Layer {
   Tensor operator()(const Tensor& x, bool training = false);
   // The computation; x includes the batch dimension.
   virtual Tensor call(const Tensor& x, bool training) = 0;
+
+  // The Functional API (dtrain/nn/functional.h): records a call of this layer on symbolic
+  // tensors, building the layer from their shapes (build_list) and giving the symbolic outputs
+  // (compute_output_shapes). The layer must be owned by a shared_ptr (FailedPreconditionError
+  // otherwise); shape problems throw InvalidArgumentError naming the layer. The list form is a
+  // multi-input call (Add()({a, b})) and gives the layer's only output; symbolic_call gives
+  // every output.
+  KerasTensor operator()(const KerasTensor& x);
+  KerasTensor operator()(const std::vector<KerasTensor>& xs);
+  std::vector<KerasTensor> symbolic_call(const std::vector<KerasTensor>& xs, bool list_input);
 
   // Layers with several inputs or outputs (merging layers, attention, RNNs returning states)
   // are called by the Functional API through these. The defaults take exactly one input and
@@ -84,6 +98,7 @@ class Layer {
   bool trainable_ = true;
   std::optional<Shape> input_shape_;
   std::vector<std::unique_ptr<Variable>> weights_;
+  int symbolic_calls_ = 0;  // nodes recorded by symbolic_call (Keras's len(_inbound_nodes))
 };
 
 // Keras's unique default names: the first layer of base "dense" is "dense", then "dense_1",...

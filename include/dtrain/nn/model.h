@@ -165,9 +165,10 @@ class Sequential : public Model {
   void build_impl(const Shape& input_shape) override;
 };
 
-// Rebuilds a model from Keras's model JSON (Sequential of InputLayer, Dense, Flatten, Dropout,
-// Activation; as written by Keras 2.x `model.to_json()` or found in an .h5 model_config).
-// Throws InvalidArgumentError naming the problem and the JSON path (e.g. "layers[2]").
+// Rebuilds a model from Keras's model JSON: a Sequential, or a Functional (class "Functional"
+// or "Model"; dtrain/nn/functional.h), of any registered layer classes, as written by Keras 2.x
+// or Keras 3 `model.to_json()` or found in an .h5 model_config. Throws InvalidArgumentError
+// naming the problem and the JSON path (e.g. "layers[2]").
 std::unique_ptr<Model> model_from_json(const std::string& json);
 
 }  // namespace dtrain::nn

@@ -227,6 +227,12 @@ std::unique_ptr<Model> model_from_json(const std::string& text) {
     }
     model->add_layer(layer);
   }
+  // Without an InputLayer, Keras 2 and 3 record the shape the model was built for.
+  if (!model->built() && config.is_object() && config.contains("build_input_shape") &&
+      !config["build_input_shape"].is_null()) {
+    model->build(
+        detail::batch_shape_from_json(config["build_input_shape"], "model_from_json: config"));
+  }
   return model;
 }
 

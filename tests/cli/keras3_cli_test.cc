@@ -32,8 +32,8 @@ class Keras3Cli : public ::testing::Test {
 };
 
 TEST_F(Keras3Cli, FitSavesDotKerasThatEvaluatePredictAndFitLoad) {
-  const auto fit = run_dtrain("fit --epochs 1 --steps-per-epoch 40 --verbose 0 --save " +
-                              path("m.keras"));
+  const auto fit =
+      run_dtrain("fit --epochs 1 --steps-per-epoch 40 --verbose 0 --save " + path("m.keras"));
   ASSERT_EQ(fit.code, 0) << fit.output;
   EXPECT_TRUE(contains(fit.output, "saved " + path("m.keras"))) << fit.output;
   std::ifstream in(path("m.keras"), std::ios::binary);
@@ -63,9 +63,9 @@ TEST_F(Keras3Cli, FitSavesDotKerasThatEvaluatePredictAndFitLoad) {
 }
 
 TEST_F(Keras3Cli, ConvertRoundTripsADotKerasThroughACheckpoint) {
-  ASSERT_EQ(run_dtrain("fit --epochs 1 --steps-per-epoch 20 --verbose 0 --save " + path("a.keras"))
-                .code,
-            0);
+  ASSERT_EQ(
+      run_dtrain("fit --epochs 1 --steps-per-epoch 20 --verbose 0 --save " + path("a.keras")).code,
+      0);
   const auto to_ckpt = run_dtrain("ckpt convert " + path("a.keras") + " " + path("ckpt/a"));
   ASSERT_EQ(to_ckpt.code, 0) << to_ckpt.output;
   EXPECT_TRUE(contains(to_ckpt.output, "model and optimizer")) << to_ckpt.output;

@@ -33,7 +33,7 @@ std::string zip_error_text(int code) {
 // An open archive, closed (discarding nothing: it is read-only) on destruction.
 class ZipReader {
  public:
-  explicit ZipReader(const std::string& path) : path_(path) {
+  ZipReader(const std::string& path, uint64_t file_size) : path_(path), file_size_(file_size) {
     int err = 0;
     zip_ = zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err);
     if (zip_ == nullptr) {
@@ -67,10 +67,10 @@ class ZipReader {
     }
     DTRAIN_CHECK((st.valid & ZIP_STAT_SIZE) != 0, path_, ": member ", name, " has no size");
     const uint64_t comp = (st.valid & ZIP_STAT_COMP_SIZE) != 0 ? st.comp_size : st.size;
-    if (st.size > comp * kMaxExpansion + 4096) {
+    if (comp > file_size_ || st.size > comp * kMaxExpansion + 4096) {
       throw DataLossError(str_cat(path_, ": member ", name, " claims ", st.size,
-                                  " bytes from a compressed size of ", comp,
-                                  " (corrupt, or a zip bomb)"));
+                                  " bytes from a compressed size of ", comp, " in a file of ",
+                                  file_size_, " bytes (corrupt, or a zip bomb)"));
     }
     zip_file_t* f = zip_fopen(zip_, name.c_str(), 0);
     if (f == nullptr) {
@@ -105,6 +105,7 @@ class ZipReader {
 
  private:
   std::string path_;
+  uint64_t file_size_ = 0;
   zip_t* zip_ = nullptr;
 };
 
@@ -309,14 +310,14 @@ bool is_zip_file(const std::string& path) {
 }
 
 KerasV3Contents read_keras_v3(const std::string& path) {
-  check_readable_file(path);
+  const uint64_t size = check_readable_file(path);
   if (!is_zip_file(path)) {
     throw DataLossError(str_cat(path,
                                 ": not a zip archive (a .keras file is a zip of metadata.json, "
                                 "config.json and model.weights.h5)",
                                 is_hdf5_file(path) ? "; it is an HDF5 file: load it as .h5" : ""));
   }
-  ZipReader zip(path);
+  ZipReader zip(path, size);
   for (const char* required : {kConfigName, kWeightsName}) {
     if (!zip.has(required)) {
       std::string names;

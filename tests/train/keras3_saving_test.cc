@@ -359,6 +359,17 @@ TEST(Keras3Errors, ArchivesWithoutConfigOrWithMalformedJson) {
   expect_throws_with<InvalidArgumentError>([&] { (void)load_model(dir.file("badjson.keras")); },
                                            {"badjson.keras", "config.json", "not valid JSON"});
 
+  // config.json fine, model.weights.h5 not an HDF5 file.
+  python("import zipfile\nzi = zipfile.ZipFile(\"" + dir.file("good.keras") +
+         "\")\nzo = zipfile.ZipFile(\"" + dir.file("badweights.keras") +
+         "\", \"w\")\nfor n in zi.namelist():\n"
+         "    zo.writestr(n, zi.read(n)[:100] if n == \"model.weights.h5\" else zi.read(n))\n"
+         "zo.close()\n");
+  expect_throws_with<DataLossError>([&] { (void)load_model(dir.file("badweights.keras")); },
+                                    {"badweights.keras", "model.weights.h5"});
+  edit_config(dir.file("good.keras"), dir.file("notamodel.keras"), "c = [1, 2]");
+  expect_throws_with<InvalidArgumentError>([&] { (void)load_model(dir.file("notamodel.keras")); },
+                                           {"notamodel.keras", "config.json"});
   edit_config(dir.file("good.keras"), dir.file("functional.keras"),
               "c[\"class_name\"] = \"Functional\"");
   expect_throws_with<UnimplementedError>([&] { (void)load_model(dir.file("functional.keras")); },

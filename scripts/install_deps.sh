@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
-  libleveldb-dev libsnappy-dev libhdf5-dev
+  libleveldb-dev libsnappy-dev libhdf5-dev libzip-dev
   libgloo-dev libhiredis-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   redis-server iproute2
   libgtest-dev libgmock-dev libbenchmark-dev

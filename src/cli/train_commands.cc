@@ -161,8 +161,8 @@ void add_data_flags(CLI::App* cmd, DataFlags& f) {
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--model", f.model,
-                  "Keras model JSON (model.to_json()); default: an MLP Dense(128, relu) -> "
-                  "Dense(classes)");
+                  "Keras model JSON (model.to_json()), or a model saved by Keras 2 or 3 or dtrain "
+                  "(.h5, .keras); default: an MLP Dense(128, relu) -> Dense(classes)");
   cmd->add_option("--arch", f.arch,
                   "Built-in model when --model is not given: mlp, or cnn (Conv2D(32,3,relu) -> "
                   "MaxPooling2D -> Conv2D(64,3,relu) -> MaxPooling2D -> Flatten -> "
@@ -247,12 +247,13 @@ void check_save_path(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     throw InvalidArgumentError(
-        str_cat("--save ", path, ": is a directory; give a file name ending in .h5"));
+        str_cat("--save ", path, ": is a directory; give a file name ending in .h5 or .keras"));
   }
   if (!is_h5(path)) {
     throw InvalidArgumentError(str_cat("--save ", path,
                                        ": needs a .h5, .hdf5 or .keras extension (dtrain saves "
-                                       "whole models in Keras's HDF5 format)"));
+                                       "whole models as Keras files: .h5 in Keras 2's HDF5 "
+                                       "layout, .keras as Keras 3's zip)"));
   }
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty() && !fs::is_directory(parent, ec)) {
@@ -262,6 +263,21 @@ void check_save_path(const std::string& path) {
     }
     throw NotFoundError(
         str_cat("--save ", path, ": directory '", parent.string(), "' does not exist"));
+  }
+}
+
+// Images of [N, 28, 28] for a model declared on [28, 28, 1] (a Keras CNN, channels last): the
+// examples are reshaped to the model's input shape when they hold as many values, as a Keras user
+// does with np.expand_dims.
+void shape_inputs_for(const nn::Model& model, Data& d) {
+  if (!model.input_shape()) return;
+  const Shape want = *model.input_shape();
+  for (Split* s : {&d.train, &d.test}) {
+    if (!s->x.defined()) continue;
+    const Shape have = s->x.shape().without_first();
+    if (have != want && have.num_elements() == want.num_elements()) {
+      s->x = s->x.reshape(want.with_first(s->x.dim(0)));
+    }
   }
 }
 
@@ -284,7 +300,7 @@ std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
   }
   auto model = std::make_unique<nn::Sequential>();
   if (f.arch == "cnn") {
-    // Images [h, w] get a channel axis [h, w, 1] (adapt_inputs reshapes the data).
+    // Images [h, w] get a channel axis [h, w, 1] (shape_inputs_for reshapes the data).
     DTRAIN_CHECK(example.rank() == 2 || example.rank() == 3,
                  "--arch cnn: needs image inputs [height, width] or [height, width, channels], "
                  "got examples of shape ",
@@ -311,18 +327,6 @@ std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
 
 // Grayscale images [n, h, w] fed to a model that takes [h, w, 1] (the built-in CNN, a loaded
 // Keras CNN) get the channel axis, as Keras users write x[..., None].
-void adapt_inputs(Data& d, const nn::Model& model) {
-  const std::optional<Shape>& in = model.input_shape();
-  if (!in || in->rank() < 1 || (*in)[in->rank() - 1] != 1) return;
-  for (Split* s : {&d.train, &d.test}) {
-    if (!s->x.defined() || s->x.rank() != in->rank()) continue;
-    const Shape example = s->x.shape().without_first();
-    Shape with_channel = example;
-    with_channel.push_back(1);
-    if (with_channel == *in) s->x = s->x.reshape(with_channel.with_first(s->x.dim(0)));
-  }
-}
-
 std::shared_ptr<optim::Optimizer> make_optimizer(const TrainFlags& f) {
   std::shared_ptr<optim::Optimizer> opt = optim::optimizer_from_name(f.optimizer);
   if (f.learning_rate > 0) opt->set_learning_rate(static_cast<float>(f.learning_rate));
@@ -453,8 +457,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
   fit->add_option("--logdir", train_flags.logdir,
                   "Write TensorBoard event files here (train/ and validation/ runs)");
   fit->add_option("--save", train_flags.save,
-                  "Save the trained model (Keras HDF5: architecture, weights, optimizer) to this "
-                  ".h5 file");
+                  "Save the trained model (architecture, weights, optimizer) to this .h5 (Keras "
+                  "2's HDF5 layout) or .keras (Keras 3's zip) file");
   fit->callback([&run] {
     run = [] {
       check_save_path(train_flags.save);
@@ -466,7 +470,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       if (!chief) train_flags.verbose = 0;  // the chief reports for everyone
       Data d = load_data(data_flags, true);
       auto model = make_model(model_flags, d);
-      adapt_inputs(d, *model);
+      shape_inputs_for(*model, d);
       compile(*model, train_flags);
       if (train_flags.verbose != 0) model->summary();
       if (strategy && chief && train_flags.strategy != "parameter-server") {
@@ -534,7 +538,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       Data d = load_data(data_flags, false);
       DTRAIN_CHECK(d.test.x.defined(), "evaluate: no test data given");
       auto model = make_model(model_flags, d);
-      adapt_inputs(d, *model);
+      shape_inputs_for(*model, d);
       compile(*model, train_flags);
       print_logs("test", model->evaluate(d.test.x, d.test.y,
                                          {.batch_size = train_flags.batch_size,
@@ -556,7 +560,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       Data d = load_data(data_flags, false);
       DTRAIN_CHECK(d.test.x.defined(), "predict: no test data given");
       auto model = make_model(model_flags, d);
-      adapt_inputs(d, *model);
+      shape_inputs_for(*model, d);
       // Created before predicting, so that an unwritable destination fails first; the CSV
       // replaces the file whole at the end, or (on any error) not at all.
       std::optional<AtomicFile> csv;

@@ -9,6 +9,7 @@
 
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/keras_h5.h"
+#include "dtrain/checkpoint/keras_v3.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/checkpoint/verify.h"
 #include "dtrain/core/error.h"
@@ -58,11 +59,35 @@ void check_destination(const std::string& dst, bool dst_h5, bool overwrite) {
   }
 }
 
-// .h5 → TF checkpoint: tf.train.Checkpoint(model=model, optimizer=optimizer).write(dst).
+// Writes tf.train.Checkpoint(model=model, optimizer=optimizer) to `dst`.
+ConvertCheckpointResult write_prefix(const std::string& src, const std::string& dst,
+                                     nn::Model& model, bool optimizer_state) {
+  std::vector<std::pair<std::string, checkpoint::Trackable>> children = {{"model", model}};
+  optim::Optimizer* opt = model.compiled() ? model.optimizer() : nullptr;
+  if (opt != nullptr && optimizer_state) children.emplace_back("optimizer", *opt);
+  checkpoint::Checkpoint ckpt(children);
+  ckpt.write(dst);
+  ConvertCheckpointResult r;
+  r.source = src;
+  r.destination = dst;
+  r.optimizer = children.size() > 1;
+  r.tensors = ckpt.keys().size();
+  return r;
+}
+
+// .h5 or .keras → TF checkpoint: loads the model (and its optimizer), then write_prefix.
 ConvertCheckpointResult h5_to_prefix(const std::string& src, const std::string& dst,
                                      const ConvertCheckpointOptions& options) {
-  const checkpoint::KerasH5Contents c = checkpoint::read_keras_h5(src);
   std::unique_ptr<nn::Model> model;
+  bool optimizer_state = false;
+  if (checkpoint::is_zip_file(src) ||
+      (checkpoint::is_keras_v3_path(src) && !checkpoint::is_hdf5_file(src))) {
+    // A Keras 3 .keras archive always holds the architecture (and, when compiled, the optimizer).
+    model = load_model(src, {.compile = !options.skip_optimizer});
+    optimizer_state = model->compiled();
+    return write_prefix(src, dst, *model, optimizer_state);
+  }
+  const checkpoint::KerasH5Contents c = checkpoint::read_keras_h5(src);
   if (c.weights_only || c.model_config.empty()) {
     if (options.model.empty()) {
       throw InvalidArgumentError(str_cat(
@@ -75,17 +100,8 @@ ConvertCheckpointResult h5_to_prefix(const std::string& src, const std::string& 
   } else {
     model = load_model(src, {.compile = !options.skip_optimizer});
   }
-  std::vector<std::pair<std::string, checkpoint::Trackable>> children = {{"model", *model}};
-  optim::Optimizer* opt = model->compiled() ? model->optimizer() : nullptr;
-  if (opt != nullptr && !c.optimizer_weights.empty()) children.emplace_back("optimizer", *opt);
-  checkpoint::Checkpoint ckpt(children);
-  ckpt.write(dst);
-  ConvertCheckpointResult r;
-  r.source = src;
-  r.destination = dst;
-  r.optimizer = children.size() > 1;
-  r.tensors = ckpt.keys().size();
-  return r;
+  optimizer_state = !c.optimizer_weights.empty();
+  return write_prefix(src, dst, *model, optimizer_state);
 }
 
 // TF checkpoint → .h5: restores the checkpoint into the options.model architecture, then

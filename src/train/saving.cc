@@ -11,9 +11,11 @@
 
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/keras_h5.h"
+#include "dtrain/checkpoint/keras_v3.h"
 #include "dtrain/core/error.h"
 #include "dtrain/nn/functional.h"
 #include "dtrain/train/training.h"
+#include "saving_internal.h"
 #include "training_state.h"
 
 namespace dtrain::train {
@@ -25,8 +27,6 @@ using nlohmann::ordered_json;
 
 // What dtrain writes as keras_version: the Keras release whose layout it follows.
 constexpr const char* kKerasVersion = "2.12.0";
-
-void warn(const std::string& message) { std::cerr << "WARNING: " << message << "\n"; }
 
 bool starts_with(const std::string& s, const std::string& prefix) {
   return s.size() >= prefix.size() && s.compare(0, prefix.size(), prefix) == 0;
@@ -40,6 +40,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // Paths handled here: Keras's HDF5 suffixes, or an existing HDF5 file under any name (as Keras
 // checks h5py.is_hdf5). Anything else is a TF checkpoint prefix.
 bool is_h5(const std::string& path) { return ck::is_keras_h5_path(path) || ck::is_hdf5_file(path); }
+
+}  // namespace
+
+namespace detail {
+
+void warn(const std::string& message) { std::cerr << "WARNING: " << message << "\n"; }
 
 void check_built(nn::Model& model, const char* fn) {
   if (!model.built()) {
@@ -78,6 +84,12 @@ std::vector<Variable*> own_weights(nn::Model& model) {
   return trainable;
 }
 
+}  // namespace detail
+
+namespace {
+
+using namespace detail;
+
 std::vector<ck::H5Weight> to_h5(const std::vector<Variable*>& vars) {
   std::vector<ck::H5Weight> out;
   out.reserve(vars.size());
@@ -101,6 +113,10 @@ ck::KerasH5Contents weights_contents(nn::Model& model) {
 bool is_bool_key(const std::string& key) {
   return key == "amsgrad" || key == "nesterov" || key == "centered" || key == "staircase";
 }
+
+}  // namespace
+
+namespace detail {
 
 ordered_json schedule_to_keras(const optim::ScheduleConfig& s) {
   ordered_json config;
@@ -130,6 +146,10 @@ ordered_json schedule_to_keras(const optim::ScheduleConfig& s) {
   j["config"] = config;
   return j;
 }
+
+}  // namespace detail
+
+namespace {
 
 std::shared_ptr<const optim::ScheduleConfig> schedule_from_keras(const json& j,
                                                                  const std::string& where) {
@@ -161,6 +181,10 @@ std::shared_ptr<const optim::ScheduleConfig> schedule_from_keras(const json& j,
   return s;
 }
 
+}  // namespace
+
+namespace detail {
+
 // Keras 2.12's optimizer_config for a new-style (>= 2.11) optimizer.
 ordered_json optimizer_config_to_keras(const optim::OptimizerConfig& c) {
   ordered_json config;
@@ -191,6 +215,10 @@ ordered_json optimizer_config_to_keras(const optim::OptimizerConfig& c) {
   j["config"] = config;
   return j;
 }
+
+}  // namespace detail
+
+namespace {
 
 // Reads Keras's optimizer_config of any 2.x version into dtrain's config.
 optim::OptimizerConfig optimizer_config_from_keras(const json& j) {
@@ -249,12 +277,20 @@ optim::OptimizerConfig optimizer_config_from_keras(const json& j) {
 
 // --- Losses and metrics -------------------------------------------------------------------------
 
+}  // namespace
+
+namespace detail {
+
 ordered_json loss_to_keras(const nn::Loss& loss) {
   ordered_json j;
   j["class_name"] = loss.get_config().class_name;
   j["config"] = ordered_json::parse(loss.config_json());
   return j;
 }
+
+}  // namespace detail
+
+namespace {
 
 std::shared_ptr<nn::Loss> loss_from_keras(const json& j) {
   const json* loss = &j;
@@ -586,6 +622,10 @@ void assign_model_weights(const char* fn, const std::string& path, nn::Model& mo
   for (const Assignment& a : plan) a.target->assign(*a.value);
 }
 
+}  // namespace
+
+namespace detail {
+
 // Builds every layer of a Sequential whose input shape is known (model_from_json builds the
 // model, but a first layer after an InputLayer may still be unbuilt).
 void build_all_layers(nn::Model& model) {
@@ -598,7 +638,7 @@ void build_all_layers(nn::Model& model) {
   }
 }
 
-}  // namespace
+}  // namespace detail
 
 std::string training_config_json(nn::Model& model) {
   TrainingState* s = find_state(model);
@@ -642,6 +682,20 @@ void save_model(nn::Model& model, const std::string& path, const SaveModelOption
         "' does not end in .h5, .hdf5 or .keras; dtrain saves whole models in Keras's HDF5 format "
         "only (no SavedModel directories). Use an .h5 path"));
   }
+  SaveFormat format = options.format;
+  if (format == SaveFormat::kAuto) {
+    format = ck::is_keras_v3_path(path) ? SaveFormat::kKeras3Zip : SaveFormat::kKeras2H5;
+  }
+  if (format == SaveFormat::kKeras3Zip) {
+    DTRAIN_CHECK(ck::is_keras_v3_path(path), "save: '", path,
+                 "': the .keras zip format needs a path ending in .keras (as Keras 3 requires)");
+    save_keras3_archive(model, path, options);
+    return;
+  }
+  if (format == SaveFormat::kKeras3H5) {
+    save_keras3_h5(model, path, options);
+    return;
+  }
   check_built(model, "save");
   json config = json::parse(model.to_json());  // UnimplementedError for subclassed models
   config.erase("keras_version");  // model.to_json() has them; an .h5 model_config does not
@@ -658,6 +712,11 @@ void save_model(nn::Model& model, const std::string& path, const SaveModelOption
 }
 
 std::unique_ptr<nn::Model> load_model(const std::string& path, const LoadModelOptions& options) {
+  // By content, as Keras 3 decides: a zip is a .keras archive whatever its name; a .keras name
+  // that is neither zip nor HDF5 gets the archive reader's error (truncated, not a zip).
+  if (ck::is_zip_file(path) || (ck::is_keras_v3_path(path) && !ck::is_hdf5_file(path))) {
+    return load_keras3_archive(path, options);
+  }
   if (!is_h5(path)) {
     ck::read_keras_h5(path);  // NotFoundError for a missing path
     throw UnimplementedError(str_cat("load_model: '", path,
@@ -692,8 +751,16 @@ std::unique_ptr<nn::Model> load_model(const std::string& path, const LoadModelOp
     throw InvalidArgumentError(str_cat("load_model: ", path, ": ", e.what()));
   }
   if (!c.optimizer_weights.empty()) {
-    const std::string problem = restore_optimizer_state(
-        *model->optimizer(), model->trainable_variables(), c.optimizer_weights);
+    std::string problem;
+    if (is_keras3_h5(c)) {
+      std::vector<const Tensor*> values;
+      for (const ck::H5Weight& w : c.optimizer_weights) values.push_back(&w.value);
+      problem =
+          restore_keras3_optimizer_state(*model->optimizer(), model->trainable_variables(), values);
+    } else {
+      problem = restore_optimizer_state(*model->optimizer(), model->trainable_variables(),
+                                        c.optimizer_weights);
+    }
     if (!problem.empty()) {
       warn(str_cat("load_model: ", path, ": could not restore the optimizer state: ", problem,
                    ". The model starts with a freshly initialized optimizer."));

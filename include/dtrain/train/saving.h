@@ -22,20 +22,33 @@
 
 namespace dtrain::train {
 
+// Which Keras writes the file (docs/keras-files.md).
+enum class SaveFormat {
+  kAuto,       // ".keras": Keras 3's native zip; ".h5"/".hdf5": kKeras2H5
+  kKeras2H5,   // the HDF5 layout of Keras 2.12's model.save (dtrain's default .h5)
+  kKeras3H5,   // the legacy HDF5 layout as Keras 3 writes it (model.save("x.h5") in Keras 3)
+  kKeras3Zip,  // Keras 3's native .keras zip (metadata.json, config.json, model.weights.h5)
+};
+
 struct SaveModelOptions {
+  SaveFormat format = SaveFormat::kAuto;
   bool include_optimizer = true;  // write training_config and the optimizer state when compiled
   // Write h5py 2.x's fixed-length strings instead of h5py 3's variable-length ones (for tools
   // built on old h5py; Keras reads both).
   bool fixed_length_strings = false;
 };
 
-// Writes `model` to `path` (".h5", ".hdf5" or ".keras") in the layout of Keras 2.12's
-// model.save: root attributes keras_version, backend, model_config (and training_config when
-// compiled), /model_weights, /optimizer_weights. The write is atomic (temp file, fsync, rename):
+// Writes `model` to `path` (".h5", ".hdf5" or ".keras"). ".h5"/".hdf5" get the layout of Keras
+// 2.12's model.save (root attributes keras_version, backend, model_config and, when compiled,
+// training_config; /model_weights, /optimizer_weights), or Keras 3's with SaveFormat::kKeras3H5;
+// ".keras" gets Keras 3's native zip (config.json in the Keras 3 dialect with compile_config,
+// metadata.json, model.weights.h5 with the optimizer's variables). The write is atomic (built in
+// memory, then temp file, fsync, rename):
 // an existing file is replaced whole or left untouched. Blocks until the file is on disk.
 // Throws UnimplementedError for a subclassed model (its architecture is C++ code: use
 // save_weights) or a path that is not an HDF5 path, FailedPreconditionError when the model has
-// not been built, and what checkpoint::write_keras_h5 throws for I/O failures.
+// not been built, InvalidArgumentError for kKeras3Zip with a path not ending in ".keras", and
+// what checkpoint::write_keras_h5 / write_keras_v3 throw for I/O failures.
 void save_model(nn::Model& model, const std::string& path, const SaveModelOptions& options = {});
 
 struct LoadModelOptions {
@@ -44,14 +57,19 @@ struct LoadModelOptions {
   bool compile = true;
 };
 
-// Rebuilds the model saved at `path`: architecture from model_config (nn::model_from_json),
+// Rebuilds the model saved at `path`, a Keras 2 or Keras 3 .h5 or a Keras 3 .keras zip (told apart
+// by content, not name): architecture from model_config or config.json (nn::model_from_json;
+// Sequential models only for .keras until Functional configs land),
 // weights matched by layer name and checked shape by shape, and, with options.compile, compile()
-// with the saved settings followed by the optimizer state (iteration and slots, from Keras >= 2.11
-// names such as "Adam/m/dense/kernel:0" or older ones such as "Adam/dense/kernel/m:0"). An
+// with the saved settings (training_config, or compile_config in a .keras) followed by the
+// optimizer state (iteration and slots, from Keras >= 2.11 names such as "Adam/m/dense/kernel:0",
+// older ones such as "Adam/dense/kernel/m:0", or Keras 3's "adam/iteration",
+// "adam/sequential_dense_kernel_momentum" and .keras "optimizer/vars/<i>" by position). An
 // optimizer state that does not fit the model is skipped with a warning on stderr, as Keras
 // does, and the optimizer starts fresh. Throws NotFoundError (naming the path) for a missing
-// file, DataLossError for a truncated or corrupt one, InvalidArgumentError for a file without
-// model_config (a weights file), an unknown layer class, a layer or weight the file and the
+// file, DataLossError for a truncated or corrupt one (HDF5 or zip), InvalidArgumentError for a
+// file without model_config (a weights file) or a .keras without config.json or with malformed
+// JSON, an unknown layer class, a layer or weight the file and the
 // architecture disagree on (naming the layer, the weight and both shapes), or a training_config
 // dtrain cannot honour (an unknown loss, metric or optimizer; gradient clipping; legacy decay).
 std::unique_ptr<nn::Model> load_model(const std::string& path,

@@ -214,7 +214,7 @@ std::shared_ptr<Initializer> initializer_from_name(const std::string& name,
     return std::make_shared<VarianceScaling>("LecunUniform", 1.0, Mode::kFanIn,
                                              Distribution::kUniform, seed);
   }
-  if (n == "random_uniform")
+  if (n == "random_uniform" || n == "uniform")  // "uniform": Keras's alias (Embedding's default)
     return std::make_shared<RandomDistribution>("RandomUniform", -0.05f, 0.05f, seed);
   if (n == "random_normal")
     return std::make_shared<RandomDistribution>("RandomNormal", 0.0f, 0.05f, seed);

@@ -28,6 +28,8 @@ const LayerRegistry& layer_registry() {
   static const LayerRegistry registry = [] {
     LayerRegistry r;
     register_core_layers(r);
+    register_embedding_layers(r);
+    register_attention_layers(r);
     return r;
   }();
   return registry;

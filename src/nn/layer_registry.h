@@ -35,7 +35,9 @@ class LayerRegistry {
 const LayerRegistry& layer_registry();
 
 // One per family, each defined next to its layers.
-void register_core_layers(LayerRegistry& registry);  // layers.cc
+void register_core_layers(LayerRegistry& registry);       // layers.cc
+void register_embedding_layers(LayerRegistry& registry);  // embedding.cc
+void register_attention_layers(LayerRegistry& registry);  // attention.cc
 
 // Rebuilds one layer from {"class_name": ..., "config": {...}} in either Keras dialect: checks
 // the dtype is float32, looks the class up, applies "trainable". Throws InvalidArgumentError

@@ -72,6 +72,21 @@ Tensor reverse_time(const Tensor& x) {
   return out;
 }
 
+// out = a ++ b along the last axis; shape[0], shape[1] = a's and b's shapes.
+void concat_backward(Tape& t, const Node& n, Tensor g) {
+  const int64_t m = n.shape[0].dim(-1), k = n.shape[1].dim(-1);
+  const int64_t rows = m + k == 0 ? 0 : g.num_elements() / (m + k);
+  const float* pg = g.data<float>();
+  for (int side = 0; side < 2; ++side) {
+    if (n.in[side] < 0) continue;
+    Tensor d(n.shape[side]);
+    const int64_t w = side == 0 ? m : k, off = side == 0 ? 0 : m;
+    float* pd = d.data<float>();
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(pg + r * (m + k) + off, w, pd + r * w);
+    t.accumulate(n.in[side], std::move(d));
+  }
+}
+
 void reverse_backward(Tape& t, const Node& n, Tensor g) { t.accumulate(n.in[0], reverse_time(g)); }
 
 }  // namespace
@@ -112,6 +127,36 @@ Tensor slice_sequence(const Tensor& x, int64_t t_begin, int64_t t_end, int64_t f
   n.i[0] = t_begin;
   n.i[1] = t_end;
   n.shape[1] = Shape{f_begin, f_end};
+  return out;
+}
+
+Tensor concat_last_axis(const Tensor& a, const Tensor& b) {
+  DTRAIN_CHECK(a.defined() && b.defined() && a.dtype() == DType::kFloat32 &&
+                   b.dtype() == DType::kFloat32 && a.rank() >= 1 && a.rank() == b.rank(),
+               "concat_last_axis: expected float32 tensors of one rank, got ",
+               a.defined() ? a.shape().to_string() : "undefined", " and ",
+               b.defined() ? b.shape().to_string() : "undefined");
+  Shape out_shape = a.shape();
+  for (int d = 0; d + 1 < a.rank(); ++d) {
+    DTRAIN_CHECK(a.dim(d) == b.dim(d), "concat_last_axis: ", a.shape().to_string(), " and ",
+                 b.shape().to_string(), " differ before the last axis");
+  }
+  const int64_t m = a.dim(-1), k = b.dim(-1);
+  out_shape[out_shape.rank() - 1] = m + k;
+  Tensor out(out_shape);
+  const int64_t rows = m + k == 0 ? 0 : out.num_elements() / (m + k);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(pa + r * m, m, po + r * (m + k));
+    std::copy_n(pb + r * k, k, po + r * (m + k) + m);
+  }
+  Tape* t = Tape::current();
+  if (t == nullptr || (t->node_of(a) < 0 && t->node_of(b) < 0)) return out;
+  Node& n = t->record(concat_backward, out, t->node_of(a), t->node_of(b));
+  n.shape[0] = a.shape();
+  n.shape[1] = b.shape();
   return out;
 }
 

@@ -30,6 +30,7 @@ const LayerRegistry& layer_registry() {
     register_core_layers(r);
     register_embedding_layers(r);
     register_attention_layers(r);
+    register_recurrent_layers(r);
     return r;
   }();
   return registry;

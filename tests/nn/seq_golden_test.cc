@@ -14,6 +14,7 @@
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/nn/attention.h"
+#include "dtrain/nn/recurrent.h"
 
 namespace dtrain::nn {
 namespace {
@@ -114,6 +115,51 @@ TEST(SeqGolden, MultiHeadAttentionMatchesTorch) {
     for (size_t i = 0; i < vars.size(); ++i) {
       const std::string key_name = vars[i]->name().substr(mha.name().size() + 1);
       expect_close(grad_vars[i], c.at("grad_weights").at(key_name), "d " + key_name);
+    }
+  }
+}
+
+TEST(SeqGolden, LstmAndGruMatchTorch) {
+  for (const json& c : golden().at("rnn")) {
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    const bool lstm = c.at("cell") == "lstm";
+    const RecurrentOptions o{.return_sequences = c.at("return_sequences").get<bool>(),
+                             .go_backwards = c.at("go_backwards").get<bool>(),
+                             .reset_after = c.at("reset_after").get<bool>()};
+    const int64_t units = c.at("units").get<int64_t>();
+    std::unique_ptr<RecurrentLayer> layer;
+    if (lstm) {
+      layer = std::make_unique<LSTM>(units, o);
+    } else {
+      layer = std::make_unique<GRU>(units, o);
+    }
+    Tensor x = tensor_of(c.at("x"));
+    layer->build(x.shape().without_first());
+    const std::string cell = lstm ? "lstm_cell/" : "gru_cell/";
+    for (Variable* v : layer->weights()) {
+      const std::string key = v->name().substr(layer->name().size() + 1 + cell.size());
+      ASSERT_EQ(v->name(), layer->name() + "/" + cell + key);
+      v->assign(tensor_of(c.at("weights").at(key)));
+    }
+    std::vector<Variable*> vars = layer->trainable_weights();
+    std::vector<Tensor> outs, gvars;
+    Tensor gx;
+    {
+      GradientTape tape(/*persistent=*/true);
+      tape.watch(x);
+      outs = layer->call_with_states(x);
+      Tensor loss = reduce_sum(multiply(outs[0], tensor_of(c.at("r"))));
+      if (lstm) loss = add(loss, reduce_sum(multiply(outs[2], tensor_of(c.at("r_c")))));
+      gvars = tape.gradient(loss, vars);
+      gx = tape.gradient(loss, x);
+    }
+    expect_close(outs[0], c.at("output"), "output");
+    expect_close(outs[1], c.at("h"), "final h");
+    if (lstm) expect_close(outs[2], c.at("c"), "final c");
+    expect_close(gx, c.at("grad_x"), "d x");
+    for (size_t i = 0; i < vars.size(); ++i) {
+      const std::string key = vars[i]->name().substr(layer->name().size() + 1 + cell.size());
+      expect_close(gvars[i], c.at("grad_weights").at(key), "d " + key);
     }
   }
 }

@@ -197,6 +197,116 @@ def mha_cases():
     ]
 
 
+# ------------------------------------------------------------------------------------------------
+# LSTM and GRU (Keras's cells, zero initial state).
+
+def keras_rnn(cell, x, w, units, go_backwards, reset_after=True):
+    """Returns (h for every step in processing order [B, T, u], last h, last c or None)."""
+    B, T, _ = x.shape
+    u = units
+    h = torch.zeros((B, u))
+    c = torch.zeros((B, u))
+    outs = []
+    steps = range(T - 1, -1, -1) if go_backwards else range(T)
+    W, U, b = w["kernel"], w["recurrent_kernel"], w.get("bias")
+    for t in steps:
+        xt = x[:, t, :]
+        if cell == "lstm":
+            z = xt @ W + h @ U + (b if b is not None else 0)
+            i, f, g, o = (z[:, k * u:(k + 1) * u] for k in range(4))
+            i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
+            c = f * c + i * g
+            h = o * torch.tanh(c)
+        elif reset_after:
+            xz = xt @ W + (b[0] if b is not None else 0)
+            hz = h @ U + (b[1] if b is not None else 0)
+            z = torch.sigmoid(xz[:, :u] + hz[:, :u])
+            r = torch.sigmoid(xz[:, u:2 * u] + hz[:, u:2 * u])
+            hh = torch.tanh(xz[:, 2 * u:] + r * hz[:, 2 * u:])
+            h = z * h + (1 - z) * hh
+        else:
+            xz = xt @ W + (b if b is not None else 0)
+            z = torch.sigmoid(xz[:, :u] + h @ U[:, :u])
+            r = torch.sigmoid(xz[:, u:2 * u] + h @ U[:, u:2 * u])
+            hh = torch.tanh(xz[:, 2 * u:] + (r * h) @ U[:, 2 * u:])
+            h = z * h + (1 - z) * hh
+        outs.append(h)
+    return torch.stack(outs, dim=1), h, (c if cell == "lstm" else None)
+
+
+def torch_rnn(cell, x, w, units, go_backwards):
+    """The same through torch.nn.LSTM / torch.nn.GRU (GRU: reset_after=True only)."""
+    u = units
+    xin = torch.flip(x, [1]) if go_backwards else x
+    if cell == "lstm":
+        m = torch.nn.LSTM(x.shape[-1], u, batch_first=True, dtype=torch.float64)
+        with torch.no_grad():
+            m.weight_ih_l0.copy_(w["kernel"].T)       # torch rows i, f, g, o = Keras's i, f, c, o
+            m.weight_hh_l0.copy_(w["recurrent_kernel"].T)
+            m.bias_ih_l0.copy_(w["bias"])
+            m.bias_hh_l0.zero_()
+        y, (h, c) = m(xin)
+        return y, h[0], c[0]
+    def reorder(t):  # Keras (z, r, h) column blocks → torch (r, z, n)
+        return torch.cat([t[..., u:2 * u], t[..., :u], t[..., 2 * u:]], dim=-1)
+    m = torch.nn.GRU(x.shape[-1], u, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        m.weight_ih_l0.copy_(reorder(w["kernel"]).T)
+        m.weight_hh_l0.copy_(reorder(w["recurrent_kernel"]).T)
+        m.bias_ih_l0.copy_(reorder(w["bias"][0]))
+        m.bias_hh_l0.copy_(reorder(w["bias"][1]))
+    y, h = m(xin)
+    return y, h[0], None
+
+
+def rnn_case(name, cell, B, T, F, u, go_backwards=False, reset_after=True, return_sequences=True):
+    G = 4 if cell == "lstm" else 3
+    x = uniform((B, T, F)).requires_grad_()
+    w = {"kernel": uniform((F, G * u), -0.7, 0.7),
+         "recurrent_kernel": uniform((u, G * u), -0.7, 0.7),
+         "bias": uniform((2, G * u) if cell == "gru" and reset_after else (G * u,), -0.4, 0.4)}
+    for t in w.values():
+        t.requires_grad_()
+    seq, h, c = keras_rnn(cell, x, w, u, go_backwards, reset_after)
+    checked = cell == "lstm" or reset_after
+    if checked:
+        tseq, th, tc = torch_rnn(cell, x, w, u, go_backwards)
+        check_close(seq, tseq, name + " outputs vs torch")
+        check_close(h, th, name + " h vs torch")
+        if c is not None:
+            check_close(c, tc, name + " c vs torch")
+    y = seq if return_sequences else h
+    r = uniform(y.shape, 0.5, 1.5)
+    loss = (y * r).sum()
+    rc = None
+    if c is not None:  # the final cell state feeds the loss too (return_state)
+        rc = uniform(c.shape, 0.5, 1.5)
+        loss = loss + (c * rc).sum()
+    grads = torch.autograd.grad(loss, [x] + list(w.values()))
+    case = {"name": name, "cell": cell, "units": u, "go_backwards": go_backwards,
+            "reset_after": reset_after, "return_sequences": return_sequences,
+            "torch_module_checked": checked, "x": enc(x),
+            "weights": {k: enc(v) for k, v in w.items()}, "r": enc(r), "output": enc(y),
+            "h": enc(h), "grad_x": enc(grads[0]),
+            "grad_weights": {k: enc(g) for k, g in zip(w.keys(), grads[1:])}}
+    if c is not None:
+        case["c"] = enc(c)
+        case["r_c"] = enc(rc)
+    return case
+
+
+def rnn_cases():
+    return [
+        rnn_case("lstm_sequences", "lstm", 2, 5, 3, 4),
+        rnn_case("lstm_last_go_backwards", "lstm", 3, 4, 2, 3, go_backwards=True,
+                 return_sequences=False),
+        rnn_case("gru_reset_after_sequences", "gru", 2, 5, 3, 4),
+        rnn_case("gru_reset_after_go_backwards_last", "gru", 2, 4, 3, 3, go_backwards=True,
+                 return_sequences=False),
+        rnn_case("gru_reset_before_sequences", "gru", 2, 4, 3, 3, reset_after=False),
+    ]
+
+
 def main():
     torch.set_default_dtype(torch.float64)
     doc = {
@@ -204,6 +314,7 @@ def main():
         "torch_version": torch.__version__,
         "seed": SEED,
         "mha": mha_cases(),
+        "rnn": rnn_cases(),
     }
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     text = json.dumps(doc, indent=1)
@@ -211,7 +322,8 @@ def main():
                   lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
     with open(OUT, "w") as f:
         f.write(text + "\n")
-    print(f"wrote {os.path.normpath(OUT)}: {len(doc['mha'])} attention cases")
+    print(f"wrote {os.path.normpath(OUT)}: {len(doc['mha'])} attention, {len(doc['rnn'])} "
+          "recurrent cases")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ Tensor recurrent_sequence(const ops::RecurrentSpec& spec, const Tensor& x, const
 Tensor slice_sequence(const Tensor& x, int64_t t_begin, int64_t t_end, int64_t f_begin,
                       int64_t f_end);
 
+// a [..., m] ++ b [..., n] → [..., m + n] (equal leading dimensions); differentiable. (A
+// minimal concat for Bidirectional's merge; the Functional API brings a general one.)
+Tensor concat_last_axis(const Tensor& a, const Tensor& b);
+
 // Reverses x [B, T, ...] along time; differentiable.
 Tensor reverse_sequence(const Tensor& x);
 

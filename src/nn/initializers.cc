@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "dtrain/core/random.h"
 
@@ -168,6 +169,58 @@ class RandomDistribution : public Initializer {
   Philox rng_;
 };
 
+// keras.initializers.Orthogonal: the Q of a QR decomposition of a normal matrix (signs fixed
+// so R has a positive diagonal, which modified Gram-Schmidt gives directly), times the gain.
+// Shape [..., cols] is treated as [rows = Π leading, cols].
+class Orthogonal : public Initializer {
+ public:
+  Orthogonal(float gain, std::optional<uint64_t> seed)
+      : gain_(gain), explicit_seed_(seed), rng_(seed ? *seed : next_seed()) {}
+  Tensor operator()(const Shape& shape) override {
+    DTRAIN_CHECK(shape.rank() >= 2, "Orthogonal: needs a shape of rank >= 2, got ",
+                 shape.to_string());
+    const int64_t cols = shape[shape.rank() - 1], rows = shape.num_elements() / cols;
+    const int64_t m = std::max(rows, cols), n = std::min(rows, cols);
+    std::vector<double> a(static_cast<size_t>(m * n));  // column-major: column k at a[k·m]
+    for (auto& v : a) v = rng_.normal();
+    for (int64_t k = 0; k < n; ++k) {
+      double* ck = a.data() + k * m;
+      for (int64_t j = 0; j < k; ++j) {
+        const double* cj = a.data() + j * m;
+        double dot = 0;
+        for (int64_t i = 0; i < m; ++i) dot += cj[i] * ck[i];
+        for (int64_t i = 0; i < m; ++i) ck[i] -= dot * cj[i];
+      }
+      double norm = 0;
+      for (int64_t i = 0; i < m; ++i) norm += ck[i] * ck[i];
+      norm = std::sqrt(norm);
+      for (int64_t i = 0; i < m; ++i) ck[i] /= norm;
+    }
+    Tensor t(shape);
+    float* p = t.data<float>();
+    // q is [m, n]; the result [rows, cols] is q (rows >= cols) or qᵀ.
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const double q = rows >= cols ? a[c * m + r] : a[r * m + c];
+        p[r * cols + c] = static_cast<float>(gain_ * q);
+      }
+    }
+    return t;
+  }
+  std::string class_name() const override { return "Orthogonal"; }
+  std::string config_json() const override {
+    json c;
+    c["gain"] = gain_;
+    c["seed"] = explicit_seed_ ? json(*explicit_seed_) : json(nullptr);
+    return c.dump();
+  }
+
+ private:
+  float gain_;
+  std::optional<uint64_t> explicit_seed_;
+  Philox rng_;
+};
+
 std::string normalize(const std::string& name) {
   // "GlorotUniform" → "glorot_uniform"; already snake_case names pass through.
   std::string out;
@@ -214,8 +267,9 @@ std::shared_ptr<Initializer> initializer_from_name(const std::string& name,
     return std::make_shared<VarianceScaling>("LecunUniform", 1.0, Mode::kFanIn,
                                              Distribution::kUniform, seed);
   }
-  if (n == "random_uniform")
+  if (n == "random_uniform" || n == "uniform")  // "uniform": Keras's alias (Embedding's default)
     return std::make_shared<RandomDistribution>("RandomUniform", -0.05f, 0.05f, seed);
+  if (n == "orthogonal") return std::make_shared<Orthogonal>(1.0f, seed);
   if (n == "random_normal")
     return std::make_shared<RandomDistribution>("RandomNormal", 0.0f, 0.05f, seed);
   if (n == "truncated_normal") {
@@ -224,7 +278,8 @@ std::shared_ptr<Initializer> initializer_from_name(const std::string& name,
   throw InvalidArgumentError(
       "unknown initializer '" + name +
       "' (known: glorot_uniform, glorot_normal, he_normal, he_uniform, lecun_normal, "
-      "lecun_uniform, zeros, ones, random_normal, random_uniform, truncated_normal)");
+      "lecun_uniform, zeros, ones, orthogonal, random_normal, random_uniform, uniform, "
+      "truncated_normal)");
 }
 
 std::shared_ptr<Initializer> initializer_from_json(const std::string& text) {
@@ -242,6 +297,7 @@ std::shared_ptr<Initializer> initializer_from_json(const std::string& text) {
   std::optional<uint64_t> seed;
   if (cfg.contains("seed") && cfg["seed"].is_number_integer()) seed = cfg["seed"].get<uint64_t>();
   if (cls == "Constant") return constant_initializer(cfg.value("value", 0.0f));
+  if (cls == "Orthogonal") return std::make_shared<Orthogonal>(cfg.value("gain", 1.0f), seed);
   if (cls == "RandomUniform") {
     return std::make_shared<RandomDistribution>("RandomUniform", cfg.value("minval", -0.05f),
                                                 cfg.value("maxval", 0.05f), seed);

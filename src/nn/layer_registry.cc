@@ -35,6 +35,9 @@ const LayerRegistry& layer_registry() {
     register_reshaping_layers(r);
     register_merging_layers(r);
     register_functional_layers(r);
+    register_embedding_layers(r);
+    register_attention_layers(r);
+    register_recurrent_layers(r);
     return r;
   }();
   return registry;

@@ -45,6 +45,10 @@ void register_core_layers(LayerRegistry& registry);     // layers.cc
 void register_merging_layers(LayerRegistry& registry);  // merging.cc
 // "Functional" and "Model" (nested models), in functional_config.cc.
 void register_functional_layers(LayerRegistry& registry);
+void register_core_layers(LayerRegistry& registry);       // layers.cc
+void register_embedding_layers(LayerRegistry& registry);  // embedding.cc
+void register_attention_layers(LayerRegistry& registry);  // attention.cc
+void register_recurrent_layers(LayerRegistry& registry);  // recurrent.cc
 
 // Rebuilds one layer from {"class_name": ..., "config": {...}} in either Keras dialect: checks
 // the dtype is float32, looks the class up, applies "trainable". Throws InvalidArgumentError

@@ -1,0 +1,33 @@
+// Differentiable attention ops: batched matmul, the fused masked/causal softmax, and the two
+// products of multi-head attention computed on Keras's [batch, time, heads, dim] layout
+// directly (strided GEMMs, no transposes). Thread-safe for distinct tensors.
+#pragma once
+
+#include "dtrain/core/tensor.h"
+#include "dtrain/ops/attention.h"
+
+namespace dtrain {
+
+using ops::MaskedSoftmaxOptions;
+
+// a [..., m, k] · b [..., k, n] with optional transposes (tf.linalg.matmul on batches). Batch
+// dimensions equal, or one operand rank 2 (shared by every batch entry).
+Tensor batch_matmul(const Tensor& a, const Tensor& b, bool transpose_a = false,
+                    bool transpose_b = false);
+
+// softmax(scale · x [+ mask]) over the last axis, with an optional selection or additive mask
+// (broadcast to x as NumPy does; never differentiated) and a causal mask computed from the
+// indices; see ops::masked_softmax. Differentiable with respect to x.
+Tensor masked_softmax(const Tensor& x, const Tensor& mask = Tensor(),
+                      const MaskedSoftmaxOptions& options = {});
+
+// Attention scores per head: query [B, T, N, H], key [B, S, N, H] → [B, N, T, S] with
+// scores[b, n, t, s] = Σ_h query[b, t, n, h] · key[b, s, n, h] (Keras's
+// einsum("aecd,abcd->acbe", key, query)).
+Tensor multihead_scores(const Tensor& query, const Tensor& key);
+// Weighted values: probs [B, N, T, S], value [B, S, N, H] → [B, T, N, H] with
+// out[b, t, n, h] = Σ_s probs[b, n, t, s] · value[b, s, n, h] (Keras's
+// einsum("acbe,aecd->abcd", probs, value)).
+Tensor multihead_combine(const Tensor& probs, const Tensor& value);
+
+}  // namespace dtrain

@@ -1,0 +1,51 @@
+// keras.layers.Embedding: integer ids → rows of a trainable table. Thread-safety as for Layer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dtrain/nn/layer.h"
+
+namespace dtrain::nn {
+
+struct EmbeddingOptions {
+  std::string embeddings_initializer = "uniform";  // Keras's RandomUniform(-0.05, 0.05)
+  std::optional<uint64_t> seed = std::nullopt;     // initializer seed
+  // Stored in the config as Keras does; dtrain does not propagate masks yet (docs/layers.md).
+  bool mask_zero = false;
+  std::optional<int64_t> input_length = std::nullopt;  // Keras 2's input_length (accepted)
+  std::optional<Shape> input_shape = std::nullopt;     // per-example ids shape, e.g. [T]
+  std::string name = {};                               // default "embedding", "embedding_1", ...
+};
+
+// out[..., :] = embeddings[ids[...], :] with the weight "embeddings" [input_dim, output_dim].
+// Ids may be of any integer or float dtype (Keras casts them to int); an id outside
+// [0, input_dim) throws InvalidArgumentError naming the layer, the position and the id. The
+// weights do not depend on the ids' shape, so the layer is built at construction and takes
+// sequences of any length.
+class Embedding : public Layer {
+ public:
+  Embedding(int64_t input_dim, int64_t output_dim, EmbeddingOptions options = {});
+  std::string class_name() const override { return "Embedding"; }
+  Tensor call(const Tensor& ids, bool training) override;
+  Shape compute_output_shape(const Shape& input_shape) const override;
+  std::string config_json() const override;
+
+  int64_t input_dim() const { return input_dim_; }
+  int64_t output_dim() const { return output_dim_; }
+  bool mask_zero() const { return mask_zero_; }
+  Variable& embeddings() { return *embeddings_; }
+
+ private:
+  int64_t input_dim_;
+  int64_t output_dim_;
+  bool mask_zero_;
+  std::optional<int64_t> input_length_;
+  std::shared_ptr<Initializer> init_;
+  Variable* embeddings_ = nullptr;
+  std::string where_;  // "Embedding 'name'", for errors
+};
+
+}  // namespace dtrain::nn

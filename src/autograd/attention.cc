@@ -1,0 +1,203 @@
+// Attention ops: forward through dtrain/ops/attention.h, backward as strided batched GEMMs.
+#include "dtrain/autograd/attention.h"
+
+#include "dtrain/autograd/gradient_tape.h"
+#include "tape.h"
+
+namespace dtrain {
+
+using detail::Node;
+using detail::Tape;
+using ops::strided_batched_gemm;
+using ops::StridedMatrices;
+using ops::StridedOutput;
+
+namespace {
+
+Tape* recording_tape(const Tensor& a, const Tensor& b) {
+  Tape* t = Tape::current();
+  if (t == nullptr) return nullptr;
+  return t->node_of(a) >= 0 || t->node_of(b) >= 0 ? t : nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// batch_matmul: C_i = op(A_i) op(B_i); saved A, B; i[0] = transpose_a, i[1] = transpose_b. A
+// rank-2 operand is shared by the batch, so its gradient sums over it (zero output stride).
+
+void batch_matmul_backward(Tape& t, const Node& n, Tensor g) {
+  const Tensor& a = n.saved[0];
+  const Tensor& b = n.saved[1];
+  const bool ta = n.i[0] != 0, tb = n.i[1] != 0;
+  const int64_t m = g.dim(-2), nn = g.dim(-1);
+  const int64_t k = a.dim(ta ? -2 : -1);
+  const int64_t count = g.num_elements() / std::max<int64_t>(1, m * nn);
+  const int64_t sa = a.rank() == 2 ? 0 : a.dim(-1) * a.dim(-2);
+  const int64_t sb = b.rank() == 2 ? 0 : b.dim(-1) * b.dim(-2);
+  const StridedMatrices gm{g.data<float>(), 0, m * nn, nn};
+  const StridedMatrices am{a.data<float>(), 0, sa, a.dim(-1)};
+  const StridedMatrices bm{b.data<float>(), 0, sb, b.dim(-1)};
+  if (n.in[0] >= 0) {
+    Tensor da(a.shape());
+    if (sa == 0) da.fill(0.0);
+    if (!ta) {  // dA [m, k] = g · op(B)ᵀ
+      strided_batched_gemm(1, count, false, !tb, m, k, nn, 1.0f, gm, bm, 0.0f,
+                           {da.data<float>(), 0, sa, k});
+    } else {  // dA [k, m] = op(B) · gᵀ
+      strided_batched_gemm(1, count, tb, true, k, m, nn, 1.0f, bm, gm, 0.0f,
+                           {da.data<float>(), 0, sa, m});
+    }
+    t.accumulate(n.in[0], std::move(da));
+  }
+  if (n.in[1] >= 0) {
+    Tensor db(b.shape());
+    if (sb == 0) db.fill(0.0);
+    if (!tb) {  // dB [k, n] = op(A)ᵀ · g
+      strided_batched_gemm(1, count, !ta, false, k, nn, m, 1.0f, am, gm, 0.0f,
+                           {db.data<float>(), 0, sb, nn});
+    } else {  // dB [n, k] = gᵀ · op(A)
+      strided_batched_gemm(1, count, true, ta, nn, k, m, 1.0f, gm, am, 0.0f,
+                           {db.data<float>(), 0, sb, k});
+    }
+    t.accumulate(n.in[1], std::move(db));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// masked_softmax: y = softmax(f[0] · x + mask); saved y. dx = f[0] · y ⊙ (g − Σ g·y).
+
+void masked_softmax_backward(Tape& t, const Node& n, Tensor g) {
+  Tensor dx = g.use_count() == 1 ? std::move(g) : g.clone();
+  ops::masked_softmax_backward_inplace(n.saved[0], dx, n.f[0]);
+  t.accumulate(n.in[0], std::move(dx));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two products of multi-head attention on [B, T, N, H] layouts. For batch b and head n,
+// Q_bn = query[b, :, n, :] is a [T, H] matrix with leading dimension N·H (and so on).
+
+struct HeadDims {
+  int64_t batch, t, s, heads, h;
+};
+
+void check_head_layout(const Tensor& x, const char* op, const char* what) {
+  DTRAIN_CHECK(x.defined() && x.dtype() == DType::kFloat32 && x.rank() == 4, op, ": expected ",
+               what, " as float32 [batch, time, heads, dim], got ",
+               x.defined() ? x.shape().to_string() : "undefined");
+}
+
+// scores[b, n] = Q_bn · K_bnᵀ; saved query, key.
+void scores_backward(Tape& t, const Node& n, Tensor g) {
+  const Tensor& q = n.saved[0];
+  const Tensor& k = n.saved[1];
+  const int64_t batch = q.dim(0), tq = q.dim(1), heads = q.dim(2), h = q.dim(3), s = k.dim(1);
+  const int64_t ld = heads * h;
+  const StridedMatrices gm{g.data<float>(), heads * tq * s, tq * s, s};
+  if (n.in[0] >= 0) {  // dQ_bn [T, H] = G_bn [T, S] · K_bn [S, H]
+    Tensor dq(q.shape());
+    strided_batched_gemm(batch, heads, false, false, tq, h, s, 1.0f, gm,
+                         {k.data<float>(), s * ld, h, ld}, 0.0f,
+                         {dq.data<float>(), tq * ld, h, ld});
+    t.accumulate(n.in[0], std::move(dq));
+  }
+  if (n.in[1] >= 0) {  // dK_bn [S, H] = G_bnᵀ [S, T] · Q_bn [T, H]
+    Tensor dk(k.shape());
+    strided_batched_gemm(batch, heads, true, false, s, h, tq, 1.0f, gm,
+                         {q.data<float>(), tq * ld, h, ld}, 0.0f,
+                         {dk.data<float>(), s * ld, h, ld});
+    t.accumulate(n.in[1], std::move(dk));
+  }
+}
+
+// out_bn = P_bn · V_bn; saved probs, value.
+void combine_backward(Tape& t, const Node& n, Tensor g) {
+  const Tensor& p = n.saved[0];
+  const Tensor& v = n.saved[1];
+  const int64_t batch = p.dim(0), heads = p.dim(1), tq = p.dim(2), s = p.dim(3), h = v.dim(3);
+  const int64_t ld = heads * h;
+  const StridedMatrices gm{g.data<float>(), tq * ld, h, ld};
+  if (n.in[0] >= 0) {  // dP_bn [T, S] = G_bn [T, H] · V_bnᵀ [H, S]
+    Tensor dp(p.shape());
+    strided_batched_gemm(batch, heads, false, true, tq, s, h, 1.0f, gm,
+                         {v.data<float>(), s * ld, h, ld}, 0.0f,
+                         {dp.data<float>(), heads * tq * s, tq * s, s});
+    t.accumulate(n.in[0], std::move(dp));
+  }
+  if (n.in[1] >= 0) {  // dV_bn [S, H] = P_bnᵀ [S, T] · G_bn [T, H]
+    Tensor dv(v.shape());
+    strided_batched_gemm(batch, heads, true, false, s, h, tq, 1.0f,
+                         {p.data<float>(), heads * tq * s, tq * s, s}, gm, 0.0f,
+                         {dv.data<float>(), s * ld, h, ld});
+    t.accumulate(n.in[1], std::move(dv));
+  }
+}
+
+}  // namespace
+
+Tensor batch_matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  Tensor out = ops::batch_matmul(a, b, transpose_a, transpose_b);
+  Tape* t = recording_tape(a, b);
+  if (t == nullptr) return out;
+  Node& n = t->record(batch_matmul_backward, out, t->node_of(a), t->node_of(b));
+  n.saved[0] = stop_gradient(a);
+  n.saved[1] = stop_gradient(b);
+  n.i[0] = transpose_a;
+  n.i[1] = transpose_b;
+  return out;
+}
+
+Tensor masked_softmax(const Tensor& x, const Tensor& mask, const MaskedSoftmaxOptions& options) {
+  Tensor y = ops::masked_softmax(x, mask, options);
+  Tape* t = Tape::current();
+  if (t == nullptr || t->node_of(x) < 0) return y;
+  Tensor saved = stop_gradient(y);
+  Node& n = t->record(masked_softmax_backward, y, t->node_of(x));
+  n.saved[0] = std::move(saved);
+  n.f[0] = options.scale;
+  return y;
+}
+
+Tensor multihead_scores(const Tensor& query, const Tensor& key) {
+  check_head_layout(query, "multihead_scores", "the query");
+  check_head_layout(key, "multihead_scores", "the key");
+  DTRAIN_CHECK(
+      query.dim(0) == key.dim(0) && query.dim(2) == key.dim(2) && query.dim(3) == key.dim(3),
+      "multihead_scores: query ", query.shape().to_string(), " and key ", key.shape().to_string(),
+      " differ in batch, heads or key dim");
+  const int64_t batch = query.dim(0), tq = query.dim(1), heads = query.dim(2), h = query.dim(3);
+  const int64_t s = key.dim(1), ld = heads * h;
+  Tensor out(Shape{batch, heads, tq, s});
+  strided_batched_gemm(batch, heads, false, true, tq, s, h, 1.0f,
+                       {query.data<float>(), tq * ld, h, ld}, {key.data<float>(), s * ld, h, ld},
+                       0.0f, {out.data<float>(), heads * tq * s, tq * s, s});
+  Tape* t = recording_tape(query, key);
+  if (t == nullptr) return out;
+  Node& n = t->record(scores_backward, out, t->node_of(query), t->node_of(key));
+  n.saved[0] = stop_gradient(query);
+  n.saved[1] = stop_gradient(key);
+  return out;
+}
+
+Tensor multihead_combine(const Tensor& probs, const Tensor& value) {
+  DTRAIN_CHECK(probs.defined() && probs.dtype() == DType::kFloat32 && probs.rank() == 4,
+               "multihead_combine: expected probabilities float32 [batch, heads, T, S], got ",
+               probs.defined() ? probs.shape().to_string() : "undefined");
+  check_head_layout(value, "multihead_combine", "the value");
+  DTRAIN_CHECK(
+      probs.dim(0) == value.dim(0) && probs.dim(1) == value.dim(2) && probs.dim(3) == value.dim(1),
+      "multihead_combine: probabilities ", probs.shape().to_string(), " and value ",
+      value.shape().to_string(), " differ in batch, heads or length");
+  const int64_t batch = probs.dim(0), heads = probs.dim(1), tq = probs.dim(2), s = probs.dim(3);
+  const int64_t h = value.dim(3), ld = heads * h;
+  Tensor out(Shape{batch, tq, heads, h});
+  strided_batched_gemm(
+      batch, heads, false, false, tq, h, s, 1.0f, {probs.data<float>(), heads * tq * s, tq * s, s},
+      {value.data<float>(), s * ld, h, ld}, 0.0f, {out.data<float>(), tq * ld, h, ld});
+  Tape* t = recording_tape(probs, value);
+  if (t == nullptr) return out;
+  Node& n = t->record(combine_backward, out, t->node_of(probs), t->node_of(value));
+  n.saved[0] = stop_gradient(probs);
+  n.saved[1] = stop_gradient(value);
+  return out;
+}
+
+}  // namespace dtrain

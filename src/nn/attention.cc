@@ -1,0 +1,275 @@
+// MultiHeadAttention.
+#include "dtrain/nn/attention.h"
+
+#include <cmath>
+
+#include "config.h"
+#include "dtrain/autograd/attention.h"
+#include "dtrain/autograd/functions.h"
+#include "layer_registry.h"
+
+namespace dtrain::nn {
+
+using nlohmann::json;
+
+MultiHeadAttention::MultiHeadAttention(int64_t num_heads, int64_t key_dim,
+                                       MultiHeadAttentionOptions options)
+    : Layer(detail::name_or_default(options.name, "multi_head_attention")),
+      num_heads_(num_heads),
+      key_dim_(key_dim),
+      value_dim_(options.value_dim.value_or(key_dim)),
+      dropout_rate_(options.dropout),
+      use_bias_(options.use_bias),
+      output_shape_(options.output_shape),
+      kernel_init_(detail::make_initializer(options.kernel_initializer, options.seed)),
+      bias_init_(detail::make_initializer(options.bias_initializer, std::nullopt)),
+      seed_(options.seed),
+      dropout_(options.dropout, DropoutOptions{.seed = options.seed, .name = name() + "/dropout"}) {
+  DTRAIN_CHECK(num_heads > 0 && key_dim > 0 && value_dim_ > 0, "MultiHeadAttention '", name(),
+               "': num_heads, key_dim and value_dim must be positive, got ", num_heads, ", ",
+               key_dim, " and ", value_dim_);
+  DTRAIN_CHECK(!output_shape_ || *output_shape_ > 0, "MultiHeadAttention '", name(),
+               "': output_shape must be positive, got ", output_shape_.value_or(0));
+}
+
+void MultiHeadAttention::build_for(int64_t query_features, int64_t value_features,
+                                   int64_t key_features) {
+  if (weights_built_) {
+    DTRAIN_CHECK(query_features == query_features_ && value_features == value_features_ &&
+                     key_features == key_features_,
+                 "MultiHeadAttention '", name(), "': built for query, value and key features ",
+                 query_features_, ", ", value_features_, " and ", key_features_, ", got ",
+                 query_features, ", ", value_features, " and ", key_features);
+    return;
+  }
+  DTRAIN_CHECK(query_features > 0 && value_features > 0 && key_features > 0, "MultiHeadAttention '",
+               name(), "': feature sizes must be positive");
+  query_features_ = query_features;
+  value_features_ = value_features;
+  key_features_ = key_features;
+  out_features_ = output_shape_.value_or(query_features);
+  const int64_t n = num_heads_;
+  // Keras's creation order: query, key, value, attention_output; kernel before bias.
+  wq_ = &add_weight("query/kernel", Shape{query_features, n, key_dim_}, *kernel_init_);
+  if (use_bias_) bq_ = &add_weight("query/bias", Shape{n, key_dim_}, *bias_init_);
+  wk_ = &add_weight("key/kernel", Shape{key_features, n, key_dim_}, *kernel_init_);
+  if (use_bias_) bk_ = &add_weight("key/bias", Shape{n, key_dim_}, *bias_init_);
+  wv_ = &add_weight("value/kernel", Shape{value_features, n, value_dim_}, *kernel_init_);
+  if (use_bias_) bv_ = &add_weight("value/bias", Shape{n, value_dim_}, *bias_init_);
+  wo_ = &add_weight("attention_output/kernel", Shape{n, value_dim_, out_features_}, *kernel_init_);
+  if (use_bias_) bo_ = &add_weight("attention_output/bias", Shape{out_features_}, *bias_init_);
+  weights_built_ = true;
+}
+
+void MultiHeadAttention::build_impl(const Shape& input_shape) {
+  DTRAIN_CHECK(input_shape.rank() == 2, "MultiHeadAttention '", name(),
+               "': expected inputs [batch, time, features], got per-example shape ",
+               input_shape.to_string());
+  build_for(input_shape[1], input_shape[1], input_shape[1]);
+}
+
+namespace {
+
+// x [batch, time, features] · kernel [features, heads, dim] + bias [heads, dim] as one GEMM →
+// [batch, time, heads, dim].
+Tensor project(const Tensor& x, const Variable& kernel, const Variable* bias) {
+  const int64_t features = kernel.shape()[0];
+  const int64_t heads = kernel.shape()[1], dim = kernel.shape()[2];
+  const Tensor flat = reshape(x, Shape{x.dim(0) * x.dim(1), features});
+  const Tensor w = reshape(kernel.value(), Shape{features, heads * dim});
+  const Tensor b = bias ? reshape(bias->value(), Shape{heads * dim}) : Tensor();
+  return reshape(dense(flat, w, b, ops::Activation::kLinear),
+                 Shape{x.dim(0), x.dim(1), heads, dim});
+}
+
+}  // namespace
+
+Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
+                                  const AttentionCallOptions& options) {
+  const Tensor& key = options.key.defined() ? options.key : value;
+  auto check_input = [&](const Tensor& t, const char* what) {
+    DTRAIN_CHECK(t.defined() && t.dtype() == DType::kFloat32 && t.rank() == 3,
+                 "MultiHeadAttention '", name(), "': ", what,
+                 " must be float32 [batch, time, features], got ",
+                 t.defined() ? str_cat(dtype_name(t.dtype()), " ", t.shape().to_string())
+                             : std::string("undefined"));
+  };
+  check_input(query, "the query");
+  check_input(value, "the value");
+  check_input(key, "the key");
+  DTRAIN_CHECK(
+      value.dim(0) == query.dim(0) && key.dim(0) == query.dim(0) && key.dim(1) == value.dim(1),
+      "MultiHeadAttention '", name(), "': query ", query.shape().to_string(), ", value ",
+      value.shape().to_string(), " and key ", key.shape().to_string(),
+      " must share the batch size, and key and value the length");
+  build_for(query.dim(2), value.dim(2), key.dim(2));
+  if (!built()) mark_built();
+  const int64_t batch = query.dim(0), t_len = query.dim(1), s_len = value.dim(1);
+
+  // The mask as [batch, 1, T, S] (broadcast over heads, as Keras expands it).
+  Tensor mask = options.attention_mask;
+  if (mask.defined()) {
+    const Shape& m = mask.shape();
+    const bool rank_ok = m.rank() == 2 || m.rank() == 3;
+    const bool fits = rank_ok && (m.dim(-1) == s_len || m.dim(-1) == 1) &&
+                      (m.dim(-2) == t_len || m.dim(-2) == 1) &&
+                      (m.rank() == 2 || m.dim(0) == batch || m.dim(0) == 1);
+    DTRAIN_CHECK(fits, "MultiHeadAttention '", name(), "': attention_mask ", m.to_string(),
+                 " does not match [batch, T, S] = [", batch, ", ", t_len, ", ", s_len, "]");
+    if (m.rank() == 3) mask = mask.reshape(Shape{m[0], 1, m[1], m[2]});
+  }
+
+  const Tensor q = project(query, *wq_, bq_);
+  const Tensor k = project(key, *wk_, bk_);
+  const Tensor v = project(value, *wv_, bv_);
+  const Tensor scores = multihead_scores(q, k);  // [B, N, T, S]
+  const Tensor probs = masked_softmax(
+      scores, mask,
+      {.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)), .causal = options.use_causal_mask});
+  if (options.attention_scores) *options.attention_scores = probs;
+  const Tensor dropped = dropout_rate_ > 0.0f ? dropout_(probs, options.training) : probs;
+  const Tensor context = multihead_combine(dropped, v);  // [B, T, N, Hv]
+  const Tensor flat = reshape(context, Shape{batch * t_len, num_heads_ * value_dim_});
+  const Tensor w = reshape(wo_->value(), Shape{num_heads_ * value_dim_, out_features_});
+  const Tensor b = bo_ ? bo_->value() : Tensor();
+  return reshape(dense(flat, w, b, ops::Activation::kLinear), Shape{batch, t_len, out_features_});
+}
+
+Tensor MultiHeadAttention::operator()(const Tensor& query, const Tensor& value,
+                                      const AttentionCallOptions& options) {
+  return attend(query, value, options);
+}
+
+Tensor MultiHeadAttention::call(const Tensor& x, bool training) {
+  return attend(x, x, {.training = training});
+}
+
+std::vector<Tensor> MultiHeadAttention::call_list(std::span<const Tensor> inputs, bool training) {
+  DTRAIN_CHECK(inputs.size() >= 2 && inputs.size() <= 4, "MultiHeadAttention '", name(),
+               "': expects inputs {query, value[, key[, attention_mask]]}, got ", inputs.size());
+  Tensor scores;
+  AttentionCallOptions o{.key = inputs.size() >= 3 ? inputs[2] : Tensor(),
+                         .attention_mask = inputs.size() == 4 ? inputs[3] : Tensor(),
+                         .use_causal_mask = functional_causal_,
+                         .training = training,
+                         .attention_scores = functional_scores_ ? &scores : nullptr};
+  Tensor out = attend(inputs[0], inputs[1], o);
+  if (functional_scores_) return {out, scores};
+  return {out};
+}
+
+void MultiHeadAttention::build_list(std::span<const Shape> input_shapes) {
+  DTRAIN_CHECK(input_shapes.size() >= 2 && input_shapes.size() <= 4, "MultiHeadAttention '", name(),
+               "': expects inputs {query, value[, key[, attention_mask]]}, got ",
+               input_shapes.size());
+  for (size_t i = 0; i < std::min<size_t>(input_shapes.size(), 3); ++i) {
+    DTRAIN_CHECK(input_shapes[i].rank() == 2, "MultiHeadAttention '", name(),
+                 "': expected inputs [batch, time, features], got per-example shape ",
+                 input_shapes[i].to_string());
+  }
+  const int64_t value_features = input_shapes[1][1];
+  build_for(input_shapes[0][1], value_features,
+            input_shapes.size() >= 3 ? input_shapes[2][1] : value_features);
+  mark_built();
+}
+
+Shape MultiHeadAttention::compute_output_shape(const Shape& input_shape) const {
+  Shape out = input_shape;
+  if (out.rank() >= 1) out[out.rank() - 1] = output_shape_.value_or(input_shape.dim(-1));
+  return out;
+}
+
+std::vector<Shape> MultiHeadAttention::compute_output_shapes(
+    std::span<const Shape> input_shapes) const {
+  DTRAIN_CHECK(input_shapes.size() >= 2, "MultiHeadAttention '", name(),
+               "': expects inputs {query, value[, key[, attention_mask]]}");
+  std::vector<Shape> out{compute_output_shape(input_shapes[0])};
+  if (functional_scores_) {
+    out.push_back(Shape{num_heads_, input_shapes[0].dim(0), input_shapes[1].dim(0)});
+  }
+  return out;
+}
+
+std::string MultiHeadAttention::config_json() const {
+  json c = detail::base_config(*this);
+  c["num_heads"] = num_heads_;
+  c["key_dim"] = key_dim_;
+  c["value_dim"] = value_dim_;
+  c["dropout"] = dropout_rate_;
+  c["use_bias"] = use_bias_;
+  c["output_shape"] = output_shape_ ? json(*output_shape_) : json(nullptr);
+  c["attention_axes"] = nullptr;
+  c["kernel_initializer"] = detail::initializer_config(*kernel_init_);
+  c["bias_initializer"] = detail::initializer_config(*bias_init_);
+  c["kernel_regularizer"] = nullptr;
+  c["bias_regularizer"] = nullptr;
+  c["activity_regularizer"] = nullptr;
+  c["kernel_constraint"] = nullptr;
+  c["bias_constraint"] = nullptr;
+  c["seed"] = seed_ ? json(*seed_) : json(nullptr);
+  if (weights_built_) {
+    // Keras 2.12+ writes the build shapes so a loaded layer can create its weights.
+    c["query_shape"] = json::array({nullptr, nullptr, query_features_});
+    c["value_shape"] = json::array({nullptr, nullptr, value_features_});
+    c["key_shape"] = json::array({nullptr, nullptr, key_features_});
+  }
+  return c.dump();
+}
+
+namespace {
+
+std::optional<int64_t> feature_of(const json& c, const char* key) {
+  if (!c.contains(key) || !c[key].is_array() || c[key].empty()) return std::nullopt;
+  const json& last = c[key].back();
+  return last.is_number_integer() ? std::optional<int64_t>(last.get<int64_t>()) : std::nullopt;
+}
+
+std::shared_ptr<Layer> mha_from_config(const json& c, const std::string& where) {
+  std::optional<int64_t> value_dim, output_shape;
+  if (c.contains("value_dim") && c["value_dim"].is_number_integer()) {
+    value_dim = c["value_dim"].get<int64_t>();
+  }
+  if (c.contains("output_shape") && !c["output_shape"].is_null()) {
+    const json& o = c["output_shape"];
+    if (o.is_number_integer()) {
+      output_shape = o.get<int64_t>();
+    } else {
+      DTRAIN_CHECK(o.is_array() && o.size() == 1 && o[0].is_number_integer(), where,
+                   ".output_shape: only a single output dimension is supported, got ", o.dump());
+      output_shape = o[0].get<int64_t>();
+    }
+  }
+  DTRAIN_CHECK(!c.contains("attention_axes") || c["attention_axes"].is_null(), where,
+               ".attention_axes: only the default (attention over the time axis) is supported");
+  std::optional<uint64_t> seed;
+  if (c.contains("seed") && c["seed"].is_number_integer()) seed = c["seed"].get<uint64_t>();
+  auto layer = std::make_shared<MultiHeadAttention>(
+      detail::int_field(c, "num_heads", where), detail::int_field(c, "key_dim", where),
+      MultiHeadAttentionOptions{
+          .value_dim = value_dim,
+          .dropout = static_cast<float>(detail::number_field(c, "dropout", where, 0.0)),
+          .use_bias = detail::bool_field(c, "use_bias", where, true),
+          .output_shape = output_shape,
+          .kernel_initializer = detail::initializer_json(c, "kernel_initializer", "glorot_uniform"),
+          .bias_initializer = detail::initializer_json(c, "bias_initializer", "zeros"),
+          .seed = seed,
+          .name = detail::str_field(c, "name", where)});
+  // Keras 2.12+ records the build shapes; build now so the weights exist before loading.
+  const auto q = feature_of(c, "query_shape"), v = feature_of(c, "value_shape");
+  if (q && v) {
+    const auto k = feature_of(c, "key_shape");
+    const Shape shapes[3] = {Shape{1, *q}, Shape{1, *v}, Shape{1, k.value_or(*v)}};
+    layer->build_list(std::span<const Shape>(shapes, 3));
+  }
+  return layer;
+}
+
+}  // namespace
+
+namespace detail {
+void register_attention_layers(LayerRegistry& registry) {
+  registry.add("MultiHeadAttention", mha_from_config);
+}
+}  // namespace detail
+
+}  // namespace dtrain::nn

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+
+#include "dtrain/data/tokenizer.h"
 
 namespace dtrain::data::detail {
 
@@ -20,6 +23,10 @@ void append_utf8(uint32_t cp, std::string& out);
 std::string describe_code_point(uint32_t cp);
 
 std::string base64_encode(std::string_view bytes);
+
+// Defined by dtrain_sentencepiece; a weak reference here, null when that library is not linked.
+std::unique_ptr<Tokenizer> sentencepiece_from_model_proto(std::string model_proto)
+    __attribute__((weak));
 // Throws DataLossError for characters outside the base64 alphabet or a bad length.
 std::string base64_decode(std::string_view text, std::string_view where);
 

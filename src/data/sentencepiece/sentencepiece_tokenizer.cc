@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "data/tokenizer_format.h"
 #include "dtrain/core/error.h"
 #include "dtrain/data/text.h"
 #include "dtrain/data/tokenizer.h"
-#include "tokenizer_format.h"
 
 namespace dtrain::data {
 
@@ -170,5 +170,13 @@ std::string SentencePieceTokenizer::to_bytes() const {
 }
 
 const std::string& SentencePieceTokenizer::model_proto() const { return impl_->model_proto; }
+
+namespace detail {
+// The strong definition of tokenizer.cc's weak reference.
+std::unique_ptr<Tokenizer> sentencepiece_from_model_proto(std::string model_proto) {
+  return std::make_unique<SentencePieceTokenizer>(
+      SentencePieceTokenizer::from_model_proto(std::move(model_proto)));
+}
+}  // namespace detail
 
 }  // namespace dtrain::data

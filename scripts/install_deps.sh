@@ -10,7 +10,8 @@ packages=(
   libgloo-dev libhiredis-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   redis-server iproute2
   libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist
+  libsentencepiece-dev
+  dataset-fashion-mnist fortunes
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch python3-numpy)

@@ -38,6 +38,7 @@ struct IteratorState {
 namespace detail {
 class DatasetNode;
 class IteratorNode;
+struct DatasetAccess;  // src/data: wraps a node into a Dataset (text sources, ...)
 }  // namespace detail
 
 // One pass over a Dataset. Movable, not copyable. Destroying an iterator mid-pass is fine: a
@@ -123,6 +124,7 @@ class Dataset {
   Iterator iterator_from(const IteratorState& state) const;
 
  private:
+  friend struct detail::DatasetAccess;
   explicit Dataset(std::shared_ptr<const detail::DatasetNode> node) : node_(std::move(node)) {}
 
   std::shared_ptr<const detail::DatasetNode> node_;

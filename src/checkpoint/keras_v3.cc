@@ -335,6 +335,26 @@ KerasV3Contents read_keras_v3(const std::string& path) {
   return c;
 }
 
+std::vector<KerasV3Vars> read_keras_v3_weights(const std::string& path) {
+  check_readable_file(path);
+  if (!is_hdf5_file(path)) {
+    throw DataLossError(str_cat(path,
+                                ": not an HDF5 file (no HDF5 signature: empty, truncated or "
+                                "overwritten)"));
+  }
+  return read_vars(path, read_file(path));
+}
+
+bool is_keras_v3_weights_file(const std::string& path) {
+  if (!is_hdf5_file(path)) return false;
+  QuietErrors quiet;
+  Handle f = file_handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!f.valid()) return false;
+  return !attribute_exists(f.get(), "layer_names") && !attribute_exists(f.get(), "layer_names0") &&
+         !link_exists(f.get(), "model_weights") &&
+         (link_exists(f.get(), "vars") || link_exists(f.get(), "layers"));
+}
+
 void write_keras_v3(const std::string& path, const KerasV3Contents& contents) {
   DTRAIN_CHECK(!path.empty() && path.back() != '/', "write_keras_v3: bad path '", path, "'");
   validate(path, contents);

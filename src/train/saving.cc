@@ -784,6 +784,15 @@ void save_weights(nn::Model& model, const std::string& path) {
 
 void load_weights(nn::Model& model, const std::string& path, const LoadWeightsOptions& options) {
   check_built(model, "load_weights");
+  // Keras 3: a .keras archive or a .weights.h5 in its layout, matched by attribute path.
+  if (ck::is_zip_file(path) || (ck::is_keras_v3_path(path) && !ck::is_hdf5_file(path))) {
+    load_keras3_weights(model, path, ck::read_keras_v3(path).vars);
+    return;
+  }
+  if (ck::is_keras_v3_weights_file(path)) {
+    load_keras3_weights(model, path, ck::read_keras_v3_weights(path));
+    return;
+  }
   if (!is_h5(path)) {
     // A TF-format prefix (ours, or Keras's save_weights in TF format): match by object path;
     // values for objects this model lacks (an optimizer, say) are ignored, as in Keras.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtrain/checkpoint/keras_h5.h"
+#include "dtrain/checkpoint/keras_v3.h"
 #include "dtrain/nn/losses.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/optimizer.h"
@@ -39,6 +40,10 @@ void save_keras3_h5(nn::Model& model, const std::string& path, const SaveModelOp
 // load_model of a .keras zip.
 std::unique_ptr<nn::Model> load_keras3_archive(const std::string& path,
                                                const LoadModelOptions& options);
+// load_weights of a .keras archive or a Keras 3 .weights.h5 (`vars`): by attribute path, every
+// layer's variables checked before any is assigned.
+void load_keras3_weights(nn::Model& model, const std::string& path,
+                         const std::vector<checkpoint::KerasV3Vars>& vars);
 // Whether an .h5 file was written by Keras 3 (keras_version "3.x").
 bool is_keras3_h5(const checkpoint::KerasH5Contents& c);
 // Restores iteration and slots from Keras 3's optimizer variables, in Keras 3's order: iteration,

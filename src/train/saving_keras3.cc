@@ -317,14 +317,14 @@ struct Planned {
 
 // Pairs `vars` with the file's variables of one object, naming the file, the layer and the
 // variable on any difference.
-void plan_vars(const std::string& path, const std::string& who, const std::string& where,
-               const std::vector<Variable*>& vars, const ck::KerasV3Vars* file,
-               std::vector<Planned>& plan) {
+void plan_vars(const char* fn, const std::string& path, const std::string& who,
+               const std::string& where, const std::vector<Variable*>& vars,
+               const ck::KerasV3Vars* file, std::vector<Planned>& plan) {
   const size_t have = file != nullptr ? file->values.size() : 0;
   if (have != vars.size()) {
     std::string names;
     for (Variable* v : vars) names += (names.empty() ? "" : ", ") + v->name();
-    throw InvalidArgumentError(str_cat("load_model: ", path, ": ", who, " has ", vars.size(),
+    throw InvalidArgumentError(str_cat(fn, ": ", path, ": ", who, " has ", vars.size(),
                                        " variables [", names, "] but model.weights.h5 has ", have,
                                        " at ", where, "/vars"));
   }
@@ -340,7 +340,44 @@ void plan_vars(const std::string& path, const std::string& who, const std::strin
   }
 }
 
+// Assigns the file's vars groups to the model's variables by attribute path (the model's own
+// in "vars", each layer's at walk_layers' path), checking all of them first; vars under
+// "layers/" that no layer of the model takes are an error.
+void assign_vars(const char* fn, const std::string& path, nn::Model& model,
+                 const std::vector<ck::KerasV3Vars>& groups) {
+  auto find = [&](const std::string& p) -> const ck::KerasV3Vars* {
+    for (const ck::KerasV3Vars& v : groups) {
+      if (v.path == p) return &v;
+    }
+    return nullptr;
+  };
+  std::vector<Planned> plan;
+  std::set<std::string> consumed = {""};
+  plan_vars(fn, path, str_cat("model '", model.name(), "'"), "", own_weights(model), find(""),
+            plan);
+  walk_layers(model, "",
+              [&](nn::Layer& l, const std::vector<Variable*>& vars, const std::string& p) {
+                consumed.insert(p);
+                plan_vars(fn, path, str_cat("layer '", l.name(), "' (", l.class_name(), ")"), p,
+                          vars, find(p), plan);
+              });
+  for (const ck::KerasV3Vars& v : groups) {
+    if (v.path.rfind("layers/", 0) == 0 && !consumed.count(v.path) && !v.values.empty()) {
+      throw InvalidArgumentError(str_cat(fn, ": ", path, ": the file has ", v.values.size(),
+                                         " variables at ", v.path, "/vars (layer '", v.name,
+                                         "') but the model has no such layer"));
+    }
+  }
+  for (const Planned& p : plan) p.target->assign(*p.value);
+}
+
 }  // namespace
+
+void load_keras3_weights(nn::Model& model, const std::string& path,
+                         const std::vector<ck::KerasV3Vars>& vars) {
+  check_built(model, "load_weights");
+  assign_vars("load_weights", path, model, vars);
+}
 
 bool is_keras3_h5(const ck::KerasH5Contents& c) {
   return c.keras_version.size() >= 2 && c.keras_version.compare(0, 2, "3.") == 0;
@@ -521,24 +558,7 @@ std::unique_ptr<nn::Model> load_keras3_archive(const std::string& path,
   build_all_layers(*model);
   DTRAIN_CHECK(model->built(), "load_model: ", path,
                ": config.json declares no input shape, so the model's variables cannot be created");
-  std::vector<Planned> plan;
-  std::set<std::string> consumed = {""};
-  plan_vars(path, str_cat("model '", model->name(), "'"), "", own_weights(*model), c.find(""),
-            plan);
-  walk_layers(*model, "",
-              [&](nn::Layer& l, const std::vector<Variable*>& vars, const std::string& p) {
-                consumed.insert(p);
-                plan_vars(path, str_cat("layer '", l.name(), "' (", l.class_name(), ")"), p, vars,
-                          c.find(p), plan);
-              });
-  for (const ck::KerasV3Vars& v : c.vars) {
-    if (v.path.rfind("layers/", 0) == 0 && !consumed.count(v.path) && !v.values.empty()) {
-      throw InvalidArgumentError(str_cat(
-          "load_model: ", path, ": model.weights.h5 has ", v.values.size(), " variables at ",
-          v.path, "/vars (layer '", v.name, "') but config.json's model has no such layer"));
-    }
-  }
-  for (const Planned& p : plan) p.target->assign(*p.value);
+  assign_vars("load_model", path, *model, c.vars);
   if (!options.compile) return model;
   if (!config.contains("compile_config") || config["compile_config"].is_null()) {
     warn(str_cat("load_model: ", path,

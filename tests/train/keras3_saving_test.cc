@@ -266,6 +266,29 @@ TEST(Keras3Save, EveryOptimizerRoundTripsThroughDotKeras) {
   }
 }
 
+TEST(Keras3Save, LoadWeightsReadsDotKerasAndKeras3WeightsFiles) {
+  TempDir dir;
+  set_random_seed(12);
+  auto a = make_model();
+  a->save(dir.file("a.keras"));
+  // Keras 3's save_weights("x.weights.h5") writes what the archive's model.weights.h5 holds.
+  python("import zipfile\nopen(\"" + dir.file("a.weights.h5") +
+         "\", \"wb\").write(zipfile.ZipFile(\"" + dir.file("a.keras") +
+         "\").read(\"model.weights.h5\"))\n");
+  ASSERT_TRUE(ck::is_keras_v3_weights_file(dir.file("a.weights.h5")));
+  for (const char* name : {"a.keras", "a.weights.h5"}) {
+    SCOPED_TRACE(name);
+    auto b = make_model();  // other layer names, same classes: paths match, names need not
+    b->load_weights(dir.file(name));
+    const auto wa = a->weights(), wb = b->weights();
+    ASSERT_EQ(wa.size(), wb.size());
+    for (size_t i = 0; i < wa.size(); ++i) EXPECT_TRUE(wa[i]->tensor().equals(wb[i]->tensor()));
+  }
+  nn::Sequential other({nn::Dense(5, {.input_shape = Shape{8}})});
+  expect_throws_with<InvalidArgumentError>([&] { other.load_weights(dir.file("a.keras")); },
+                                           {"a.keras", "layers/dense/vars/0", "[8, 5]", "[8, 16]"});
+}
+
 // --- The real Keras 3 files --------------------------------------------------------------------
 
 TEST(Keras3Fixtures, TheH5ParsesPastItsInputLayerToTheFirstLayerThisBranchLacks) {

@@ -52,6 +52,14 @@ KerasV3Contents read_keras_v3(const std::string& path);
 // other failures of libzip or libhdf5.
 void write_keras_v3(const std::string& path, const KerasV3Contents& contents);
 
+// Reads a Keras 3 weights file (`model.save_weights("x.weights.h5")`: the layout of a .keras
+// archive's model.weights.h5, on its own). Throws as read_keras_v3 does for the weights member.
+std::vector<KerasV3Vars> read_keras_v3_weights(const std::string& path);
+
+// Whether `path` is an HDF5 file in Keras 3's weights layout (a root `vars` or `layers` group and
+// neither Keras 2's `layer_names` nor `model_weights`). Never throws.
+bool is_keras_v3_weights_file(const std::string& path);
+
 // Whether the file at `path` exists and starts with a zip signature ("PK\3\4", or "PK\5\6" for an
 // empty archive). Never throws.
 bool is_zip_file(const std::string& path);

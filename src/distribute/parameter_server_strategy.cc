@@ -117,6 +117,18 @@ void ParameterServerStrategy::create_variables(std::span<Variable* const> vars,
   attach_variables(vars);
   impl_->optimizer = optimizer;
   optim::optimizer_from_config(optimizer);  // validates here, with the chief's message
+  // Each server updates its own variables: a global norm over all of them, and exclusion names
+  // (not in the wire format), are not available there.
+  if (const double* c = optimizer.find("global_clipnorm"); c != nullptr && *c > 0.0) {
+    throw UnimplementedError(
+        "ParameterServerStrategy: global_clipnorm needs the norm of every gradient, but each "
+        "parameter server updates only its own variables; use clipnorm or clipvalue");
+  }
+  if (!optimizer.exclude_from_weight_decay.empty()) {
+    throw UnimplementedError(
+        "ParameterServerStrategy: exclude_from_weight_decay is not carried to the parameter "
+        "servers");
+  }
   register_variables(vars, Clock::now() + options_.connect_timeout);
 }
 

@@ -22,6 +22,9 @@ AdamOptions to_adam(AdamWOptions o) {
                      .epsilon = o.epsilon,
                      .amsgrad = o.amsgrad,
                      .weight_decay = o.weight_decay,
+                     .clipnorm = o.clipnorm,
+                     .clipvalue = o.clipvalue,
+                     .global_clipnorm = o.global_clipnorm,
                      .name = std::move(o.name)};
 }
 
@@ -31,7 +34,7 @@ Adam::Adam(AdamOptions options) : Adam(std::move(options), "Adam") {}
 
 Adam::Adam(AdamOptions options, const char* class_name)
     : Optimizer(options.name, options.learning_rate, options.weight_decay, adam_slots(options),
-                /*fuses_weight_decay=*/true),
+                clipping_of(options), /*fuses_weight_decay=*/true),
       options_(std::move(options)),
       class_name_(class_name) {
   DTRAIN_CHECK(options_.beta_1 >= 0.0 && options_.beta_1 < 1.0, class_name_,
@@ -49,7 +52,7 @@ void Adam::update_step(const StepContext& ctx, float* var, const float* g, int64
   const double lr = ctx.lr;
   const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - std::pow(options_.beta_2, t)) /
                                         (1.0 - std::pow(options_.beta_1, t)));
-  const float wd_lr = static_cast<float>(weight_decay() * lr);
+  const float wd_lr = static_cast<float>(ctx.weight_decay * lr);
   // 1 − β in double, rounded once (Keras multiplies by the Python float 1 − β).
   const float b1 = static_cast<float>(1.0 - options_.beta_1);
   const float b2 = static_cast<float>(1.0 - options_.beta_2);
@@ -69,6 +72,7 @@ OptimizerConfig Adam::get_config() const {
   c.hyperparameters.emplace_back("epsilon", options_.epsilon);
   c.hyperparameters.emplace_back("amsgrad", options_.amsgrad ? 1.0 : 0.0);
   c.hyperparameters.emplace_back("weight_decay", options_.weight_decay);
+  add_clipping_to_config(c);
   return c;
 }
 

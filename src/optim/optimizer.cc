@@ -32,18 +32,51 @@ const double* OptimizerConfig::find(std::string_view key) const {
 }
 
 Optimizer::Optimizer(std::string name, double learning_rate, double weight_decay,
-                     std::vector<std::string> slot_names, bool fuses_weight_decay)
+                     std::vector<std::string> slot_names, GradientClipping clipping,
+                     bool fuses_weight_decay)
     : name_(std::move(name)),
       learning_rate_(learning_rate),
       weight_decay_(weight_decay),
       fuses_weight_decay_(fuses_weight_decay),
       slot_names_(std::move(slot_names)),
+      clipping_(clipping),
       iterations_("iteration", int64_scalar_zero(), /*trainable=*/false) {
   DTRAIN_CHECK(std::isfinite(learning_rate), name_, ": learning_rate must be finite, got ",
                learning_rate);
   DTRAIN_CHECK(std::isfinite(weight_decay) && weight_decay >= 0.0, name_,
                ": weight_decay must be finite and >= 0, got ", weight_decay);
   DTRAIN_INTERNAL_CHECK(slot_names_.size() <= static_cast<size_t>(kMaxSlots));
+  for (const auto& [key, value] : {std::pair<const char*, double>{"clipnorm", clipping.clipnorm},
+                                   {"clipvalue", clipping.clipvalue},
+                                   {"global_clipnorm", clipping.global_clipnorm}}) {
+    DTRAIN_CHECK(std::isfinite(value) && value >= 0.0, name_, ": ", key,
+                 " must be finite and > 0 (or 0 for None), got ", value);
+  }
+  const int set =
+      (clipping.clipnorm > 0.0) + (clipping.clipvalue > 0.0) + (clipping.global_clipnorm > 0.0);
+  DTRAIN_CHECK(set <= 1, name_,
+               ": only one of `clipnorm`, `clipvalue` and `global_clipnorm` can be set. "
+               "Received: clipnorm=",
+               clipping.clipnorm, ", clipvalue=", clipping.clipvalue,
+               ", global_clipnorm=", clipping.global_clipnorm);
+}
+
+void Optimizer::exclude_from_weight_decay(std::vector<std::string> var_names) {
+  if (!slots_.empty()) {
+    throw FailedPreconditionError(
+        str_cat(name_,
+                ": exclude_from_weight_decay() can only be configured before the "
+                "optimizer is built (before its first update)"));
+  }
+  exclude_names_ = std::move(var_names);
+}
+
+bool Optimizer::uses_weight_decay(const Variable& var) const {
+  if (weight_decay_ <= 0.0) return false;
+  for (const std::string& s : exclude_names_) {
+    if (var.name().find(s) != std::string::npos) return false;
+  }
+  return true;
 }
 
 Optimizer::~Optimizer() = default;
@@ -81,7 +114,15 @@ void Optimizer::build(std::span<Variable* const> vars) {
       fresh.push_back(var);
     }
   }
-  for (Variable* var : fresh) slots_.emplace(var->id(), SlotSet{});
+  for (Variable* var : fresh) {
+    SlotSet set;
+    set.decay = uses_weight_decay(*var);
+    if (clipping_.any()) {
+      clip_buffers_.push_back(Tensor::zeros(var->shape()));
+      set.clipped = clip_buffers_.back().data<float>();
+    }
+    slots_.emplace(var->id(), set);
+  }
   for (size_t s = 0; s < slot_names_.size(); ++s) {
     for (Variable* var : fresh) {
       auto slot = std::make_unique<Variable>(str_cat(name_, "/", slot_names_[s], "/", var->name()),
@@ -123,6 +164,43 @@ void Optimizer::prepare_update(std::span<const Tensor> grads, std::span<Variable
   }
   if (!all_built) build(vars);
   pending_ = StepContext{iterations(), learning_rate()};
+  if (clipping_.by_norm()) compute_clip_scales(grads);
+}
+
+namespace {
+
+// Σ x² in double, in element order.
+double sum_of_squares(const Tensor& g) {
+  const float* p = g.data<float>();
+  const int64_t n = g.num_elements();
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+  return s;
+}
+
+}  // namespace
+
+void Optimizer::compute_clip_scales(std::span<const Tensor> grads) {
+  clip_scales_.assign(grads.size(), 1.0f);  // keeps its capacity: no allocation after the first
+  if (clipping_.clipnorm > 0.0) {
+    const double c = clipping_.clipnorm;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      const double norm = std::sqrt(sum_of_squares(grads[i]));
+      // tf.clip_by_norm: g·c / max(‖g‖, c); a NaN norm propagates.
+      clip_scales_[i] = static_cast<float>(std::isnan(norm) ? norm : c / std::max(norm, c));
+    }
+    return;
+  }
+  double total = 0.0;
+  for (const Tensor& g : grads) {
+    if (g.defined()) total += sum_of_squares(g);
+  }
+  const double norm = std::sqrt(total);
+  const double c = clipping_.global_clipnorm;
+  // tf.clip_by_global_norm: scale = c·min(1/N, 1/c), plus (N − N) so an infinite N gives NaN.
+  const auto scale = static_cast<float>(c * std::min(1.0 / norm, 1.0 / c) + (norm - norm));
+  std::fill(clip_scales_.begin(), clip_scales_.end(), scale);
 }
 
 std::pair<int64_t, int64_t> Optimizer::element_range(int64_t n, int part, int parts) {
@@ -138,6 +216,8 @@ std::pair<int64_t, int64_t> Optimizer::element_range(int64_t n, int part, int pa
 void Optimizer::update_part(std::span<const Tensor> grads, std::span<Variable* const> vars,
                             int part, int parts) {
   const float wd_lr = static_cast<float>(weight_decay_ * pending_.lr);
+  const bool by_norm = clipping_.by_norm();
+  const auto clip_value = static_cast<float>(clipping_.clipvalue);
   for (size_t i = 0; i < vars.size(); ++i) {
     const Tensor& g = grads[i];
     if (!g.defined()) continue;
@@ -146,11 +226,24 @@ void Optimizer::update_part(std::span<const Tensor> grads, std::span<Variable* c
     if (begin >= end) continue;
     float* x = var->tensor().data<float>() + begin;
     const int64_t n = end - begin;
-    if (weight_decay_ > 0.0 && !fuses_weight_decay_) ops::weight_decay_update(x, n, wd_lr);
     const SlotSet& set = slots_.find(var->id())->second;
+    if (set.decay && !fuses_weight_decay_) ops::weight_decay_update(x, n, wd_lr);
+    const float* gp = g.data<float>() + begin;
+    if (clip_value > 0.0f) {
+      float* c = set.clipped + begin;
+      for (int64_t k = 0; k < n; ++k) c[k] = std::clamp(gp[k], -clip_value, clip_value);
+      gp = c;
+    } else if (by_norm && clip_scales_[i] != 1.0f) {
+      const float scale = clip_scales_[i];
+      float* c = set.clipped + begin;
+      for (int64_t k = 0; k < n; ++k) c[k] = gp[k] * scale;
+      gp = c;
+    }
     std::array<float*, kMaxSlots> slots{};
     for (size_t s = 0; s < slot_names_.size(); ++s) slots[s] = set.data[s] + begin;
-    update_step(pending_, x, g.data<float>() + begin, n, slots.data());
+    StepContext ctx = pending_;
+    ctx.weight_decay = set.decay ? weight_decay_ : 0.0;
+    update_step(ctx, x, gp, n, slots.data());
   }
 }
 
@@ -179,6 +272,17 @@ std::vector<Variable*> Optimizer::variables() {
   return out;
 }
 
+void Optimizer::add_clipping_to_config(OptimizerConfig& config) const {
+  if (clipping_.clipnorm > 0.0) config.hyperparameters.emplace_back("clipnorm", clipping_.clipnorm);
+  if (clipping_.global_clipnorm > 0.0) {
+    config.hyperparameters.emplace_back("global_clipnorm", clipping_.global_clipnorm);
+  }
+  if (clipping_.clipvalue > 0.0) {
+    config.hyperparameters.emplace_back("clipvalue", clipping_.clipvalue);
+  }
+  config.exclude_from_weight_decay = exclude_names_;
+}
+
 void Optimizer::add_learning_rate_to_config(OptimizerConfig& config) const {
   if (schedule_) {
     config.learning_rate_schedule = std::make_shared<ScheduleConfig>(schedule_->get_config());
@@ -202,9 +306,10 @@ class ConfigReader {
   ConfigReader(const OptimizerConfig& config, std::initializer_list<const char*> known)
       : config_(config) {
     for (const auto& [key, value] : config.hyperparameters) {
-      DTRAIN_CHECK(std::any_of(known.begin(), known.end(), [&](const char* k) { return key == k; }),
-                   "optimizer_from_config: ", config.class_name, " has no hyperparameter '", key,
-                   "'");
+      DTRAIN_CHECK(
+          key == "clipnorm" || key == "clipvalue" || key == "global_clipnorm" ||
+              std::any_of(known.begin(), known.end(), [&](const char* k) { return key == k; }),
+          "optimizer_from_config: ", config.class_name, " has no hyperparameter '", key, "'");
     }
   }
   void read(const char* key, double& out) const {
@@ -212,6 +317,13 @@ class ConfigReader {
   }
   void read(const char* key, bool& out) const {
     if (const double* v = config_.find(key)) out = *v != 0.0;
+  }
+  // The clipping arguments, which every optimizer takes.
+  template <class Options>
+  void read_clipping(Options& o) const {
+    read("clipnorm", o.clipnorm);
+    read("clipvalue", o.clipvalue);
+    read("global_clipnorm", o.global_clipnorm);
   }
   void read_name(std::string& out) const {
     if (!config_.name.empty()) out = config_.name;
@@ -234,6 +346,7 @@ std::unique_ptr<Optimizer> optimizer_from_config(const OptimizerConfig& config) 
     r.read("nesterov", o.nesterov);
     r.read("weight_decay", o.weight_decay);
     r.read_name(o.name);
+    r.read_clipping(o);
     opt = std::make_unique<SGD>(o);
   } else if (kind == "adam") {
     AdamOptions o;
@@ -246,6 +359,7 @@ std::unique_ptr<Optimizer> optimizer_from_config(const OptimizerConfig& config) 
     r.read("amsgrad", o.amsgrad);
     r.read("weight_decay", o.weight_decay);
     r.read_name(o.name);
+    r.read_clipping(o);
     opt = std::make_unique<Adam>(o);
   } else if (kind == "adamw") {
     AdamWOptions o;
@@ -258,6 +372,7 @@ std::unique_ptr<Optimizer> optimizer_from_config(const OptimizerConfig& config) 
     r.read("epsilon", o.epsilon);
     r.read("amsgrad", o.amsgrad);
     r.read_name(o.name);
+    r.read_clipping(o);
     opt = std::make_unique<AdamW>(o);
   } else if (kind == "rmsprop") {
     RMSpropOptions o;
@@ -270,10 +385,14 @@ std::unique_ptr<Optimizer> optimizer_from_config(const OptimizerConfig& config) 
     r.read("centered", o.centered);
     r.read("weight_decay", o.weight_decay);
     r.read_name(o.name);
+    r.read_clipping(o);
     opt = std::make_unique<RMSprop>(o);
   } else {
     throw InvalidArgumentError(str_cat("optimizer_from_config: unknown optimizer class '",
                                        config.class_name, "'; known: SGD, Adam, AdamW, RMSprop"));
+  }
+  if (!config.exclude_from_weight_decay.empty()) {
+    opt->exclude_from_weight_decay(config.exclude_from_weight_decay);
   }
   if (config.learning_rate_schedule) {
     opt->set_learning_rate_schedule(schedule_from_config(*config.learning_rate_schedule));

@@ -19,7 +19,8 @@ std::vector<std::string> rmsprop_slots(const RMSpropOptions& o) {
 }  // namespace
 
 RMSprop::RMSprop(RMSpropOptions options)
-    : Optimizer(options.name, options.learning_rate, options.weight_decay, rmsprop_slots(options)),
+    : Optimizer(options.name, options.learning_rate, options.weight_decay, rmsprop_slots(options),
+                clipping_of(options)),
       options_(std::move(options)) {
   DTRAIN_CHECK(options_.rho >= 0.0 && options_.rho <= 1.0, "RMSprop: rho must be in [0, 1], got ",
                options_.rho);
@@ -47,6 +48,7 @@ OptimizerConfig RMSprop::get_config() const {
   c.hyperparameters.emplace_back("epsilon", options_.epsilon);
   c.hyperparameters.emplace_back("centered", options_.centered ? 1.0 : 0.0);
   c.hyperparameters.emplace_back("weight_decay", options_.weight_decay);
+  add_clipping_to_config(c);
   return c;
 }
 

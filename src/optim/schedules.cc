@@ -60,6 +60,48 @@ ScheduleConfig PiecewiseConstantDecay::get_config() const {
   return config;
 }
 
+CosineDecay::CosineDecay(const CosineDecayOptions& options) : o_(options) {
+  DTRAIN_CHECK(o_.decay_steps > 0, "CosineDecay: decay_steps must be positive, got ",
+               o_.decay_steps);
+  DTRAIN_CHECK(o_.warmup_steps >= 0, "CosineDecay: warmup_steps must be >= 0, got ",
+               o_.warmup_steps);
+  DTRAIN_CHECK(o_.warmup_steps == 0 || o_.warmup_target.has_value(),
+               "CosineDecay: warmup_steps = ", o_.warmup_steps, " needs a warmup_target");
+  DTRAIN_CHECK(std::isfinite(o_.initial_learning_rate) && std::isfinite(o_.alpha) &&
+                   std::isfinite(o_.warmup_target.value_or(0.0)),
+               "CosineDecay: initial_learning_rate, alpha and warmup_target must be finite");
+}
+
+float CosineDecay::operator()(int64_t step) const {
+  const double decay_steps = static_cast<double>(o_.decay_steps);
+  auto decayed = [&](double s, double from) {
+    const double cosine = 0.5 * (1.0 + std::cos(M_PI * (s / decay_steps)));
+    return from * ((1.0 - o_.alpha) * cosine + o_.alpha);
+  };
+  double s = static_cast<double>(step);
+  if (!o_.warmup_target.has_value()) {
+    return static_cast<float>(decayed(std::min(s, decay_steps), o_.initial_learning_rate));
+  }
+  const double warmup = static_cast<double>(o_.warmup_steps);
+  s = std::min(s, decay_steps + warmup);
+  if (s < warmup) {
+    return static_cast<float>((*o_.warmup_target - o_.initial_learning_rate) * (s / warmup) +
+                              o_.initial_learning_rate);
+  }
+  return static_cast<float>(decayed(s - warmup, *o_.warmup_target));
+}
+
+ScheduleConfig CosineDecay::get_config() const {
+  ScheduleConfig config{"CosineDecay",
+                        {{"initial_learning_rate", o_.initial_learning_rate},
+                         {"decay_steps", static_cast<double>(o_.decay_steps)},
+                         {"alpha", o_.alpha}}};
+  // Keras writes warmup_target None when absent; a missing scalar reads back as None.
+  if (o_.warmup_target.has_value()) config.scalars.emplace_back("warmup_target", *o_.warmup_target);
+  config.scalars.emplace_back("warmup_steps", static_cast<double>(o_.warmup_steps));
+  return config;
+}
+
 namespace {
 
 const double* find_scalar(const ScheduleConfig& c, const char* key) {
@@ -122,8 +164,27 @@ std::shared_ptr<LearningRateSchedule> schedule_from_config(const ScheduleConfig&
     }
     return std::make_shared<PiecewiseConstantDecay>(std::move(boundaries), *v);
   }
-  throw InvalidArgumentError(str_cat("schedule_from_config: unknown schedule '", config.class_name,
-                                     "'; known: ExponentialDecay, PiecewiseConstantDecay"));
+  if (config.class_name == "CosineDecay") {
+    check_keys(config,
+               {"initial_learning_rate", "decay_steps", "alpha", "warmup_target", "warmup_steps"},
+               {});
+    CosineDecayOptions o;
+    o.initial_learning_rate = require_scalar(config, "initial_learning_rate");
+    const double steps = require_scalar(config, "decay_steps");
+    DTRAIN_CHECK(steps == std::floor(steps), "CosineDecay: decay_steps must be an integer, got ",
+                 steps);
+    o.decay_steps = static_cast<int64_t>(steps);
+    if (const double* a = find_scalar(config, "alpha")) o.alpha = *a;
+    if (const double* t = find_scalar(config, "warmup_target")) o.warmup_target = *t;
+    if (const double* w = find_scalar(config, "warmup_steps")) {
+      DTRAIN_CHECK(*w == std::floor(*w), "CosineDecay: warmup_steps must be an integer, got ", *w);
+      o.warmup_steps = static_cast<int64_t>(*w);
+    }
+    return std::make_shared<CosineDecay>(o);
+  }
+  throw InvalidArgumentError(
+      str_cat("schedule_from_config: unknown schedule '", config.class_name,
+              "'; known: ExponentialDecay, PiecewiseConstantDecay, CosineDecay"));
 }
 
 }  // namespace dtrain::optim

@@ -17,7 +17,8 @@ std::vector<std::string> sgd_slots(const SGDOptions& o) {
 }  // namespace
 
 SGD::SGD(SGDOptions options)
-    : Optimizer(options.name, options.learning_rate, options.weight_decay, sgd_slots(options)),
+    : Optimizer(options.name, options.learning_rate, options.weight_decay, sgd_slots(options),
+                clipping_of(options)),
       options_(std::move(options)) {
   DTRAIN_CHECK(options_.momentum >= 0.0 && options_.momentum <= 1.0, "SGD: momentum must be in ",
                "[0, 1], got ", options_.momentum);
@@ -43,6 +44,7 @@ OptimizerConfig SGD::get_config() const {
   c.hyperparameters.emplace_back("momentum", options_.momentum);
   c.hyperparameters.emplace_back("nesterov", options_.nesterov ? 1.0 : 0.0);
   c.hyperparameters.emplace_back("weight_decay", options_.weight_decay);
+  add_clipping_to_config(c);
   return c;
 }
 

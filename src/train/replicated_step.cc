@@ -2,9 +2,9 @@
 // this worker takes its part of the global batch, each local replica computes the gradient of
 // its loss scaled by (replica rows / global rows) on its own tape and thread, and
 // Strategy::reduce_gradients sums them in replica order, then across workers, so that every
-// worker applies the same update to its (identical) variables. With one worker and no
-// non-finite check the replica threads apply the update, each on its own element range, in the
-// same pass as the sum.
+// worker applies the same update to its (identical) variables. With one worker, no
+// non-finite check and no clipping by norm the replica threads apply the update, each on its
+// own element range, in the same pass as the sum.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -88,7 +88,11 @@ class ReplicatedStep final : public TrainStep {
     out_ = in_place ? std::span<Tensor>(per_replica_[0]) : std::span<Tensor>(grads_);
     flags_.data<float>()[0] = preemption_requested() ? 1.0f : 0.0f;
     flags_.data<float>()[1] = static_cast<float>(nonfinite_loss);
-    const bool update_now = !skip_nonfinite_;
+    // Fused: the replica threads update their element ranges as soon as they are summed. Not
+    // when a non-finite step may be skipped, nor when clipping by norm needs the norm of the
+    // whole reduced gradient before any range is updated (prepare_update computes it after the
+    // reduction, serially, so the result is the same for any number of replicas).
+    const bool update_now = !skip_nonfinite_ && !s_.optimizer->clipping().by_norm();
     if (update_now) s_.optimizer->prepare_update(out_, trainable_);
     st_.reduce_gradients(
         per_replica_, out_, distribute::ReduceOp::kSum,
@@ -102,7 +106,7 @@ class ReplicatedStep final : public TrainStep {
     } else {
       // After the reduction every worker sees the same sums and flags, so all skip (or apply)
       // together: the same rule as the one-device step (loss and gradients).
-      outcome.applied = flags_.data<float>()[1] == 0.0f && all_finite(out_);
+      outcome.applied = !skip_nonfinite_ || (flags_.data<float>()[1] == 0.0f && all_finite(out_));
       if (outcome.applied) {
         s_.optimizer->prepare_update(out_, trainable_);
         if (local == 1) {

@@ -123,7 +123,7 @@ ordered_json schedule_to_keras(const optim::ScheduleConfig& s) {
   for (const auto& [key, value] : s.scalars) {
     if (is_bool_key(key)) {
       config[key] = value != 0.0;
-    } else if (key == "decay_steps") {
+    } else if (key == "decay_steps" || key == "warmup_steps") {
       config[key] = static_cast<int64_t>(value);
     } else {
       config[key] = value;
@@ -191,9 +191,10 @@ ordered_json optimizer_config_to_keras(const optim::OptimizerConfig& c) {
   config["name"] = c.name.empty() ? c.class_name : c.name;
   const double* wd = c.find("weight_decay");
   config["weight_decay"] = wd != nullptr && *wd != 0.0 ? ordered_json(*wd) : ordered_json(nullptr);
-  config["clipnorm"] = nullptr;
-  config["global_clipnorm"] = nullptr;
-  config["clipvalue"] = nullptr;
+  for (const char* key : {"clipnorm", "global_clipnorm", "clipvalue"}) {
+    const double* v = c.find(key);
+    config[key] = v != nullptr && *v > 0.0 ? ordered_json(*v) : ordered_json(nullptr);
+  }
   config["use_ema"] = false;
   config["ema_momentum"] = 0.99;
   config["ema_overwrite_frequency"] = nullptr;
@@ -203,7 +204,10 @@ ordered_json optimizer_config_to_keras(const optim::OptimizerConfig& c) {
     config["learning_rate"] = schedule_to_keras(*c.learning_rate_schedule);
   }
   for (const auto& [key, value] : c.hyperparameters) {
-    if (key == "weight_decay") continue;
+    if (key == "weight_decay" || key == "clipnorm" || key == "global_clipnorm" ||
+        key == "clipvalue") {
+      continue;
+    }
     if (is_bool_key(key)) {
       config[key] = value != 0.0;
     } else {
@@ -240,9 +244,9 @@ optim::OptimizerConfig optimizer_config_from_keras(const json& j) {
                key == "ema_overwrite_frequency") {
       // No effect on the update dtrain computes.
     } else if (key == "clipnorm" || key == "clipvalue" || key == "global_clipnorm") {
-      DTRAIN_CHECK(value.is_null(), where, ": gradient clipping (", key, " = ", value.dump(),
-                   ") is not supported by dtrain; load with {.compile = false} and compile "
-                   "the model yourself");
+      DTRAIN_CHECK(value.is_null() || value.is_number(), where, ".", key,
+                   ": expected a number or null, got ", value.dump());
+      if (value.is_number()) out.hyperparameters.emplace_back(key, value.get<double>());
     } else if (key == "use_ema") {
       DTRAIN_CHECK(value.is_null() || (value.is_boolean() && !value.get<bool>()), where,
                    ": use_ema (weight averaging) is not supported by dtrain; load with "

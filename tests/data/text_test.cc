@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dtrain/core/error.h"
+#include "dtrain/data/tokenizer.h"
 #include "testutil/expect_throws.h"
 #include "testutil/temp_dir.h"
 
@@ -174,6 +175,15 @@ TEST(TokenWindows, RejectsBadArguments) {
   EXPECT_NE(msg.find("float32"), std::string::npos) << msg;
   EXPECT_THROW(token_windows(Tensor::zeros(Shape{2, 5}, DType::kInt32), {.sequence_length = 2}),
                InvalidArgumentError);
+}
+
+// This program does not link dtrain_sentencepiece: a SentencePiece tokenizer is a clear error.
+TEST(TokenizerFromBytes, SentencePieceWithoutItsLibraryIsAFailedPrecondition) {
+  const std::string msg = expect_throws<FailedPreconditionError>([] {
+    tokenizer_from_bytes(R"({"format": "dtrain.tokenizer", "version": 1,
+        "class_name": "SentencePieceTokenizer", "config": {"model_proto": "AAAA"}})");
+  });
+  EXPECT_NE(msg.find("dtrain_sentencepiece"), std::string::npos) << msg;
 }
 
 }  // namespace

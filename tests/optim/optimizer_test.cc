@@ -298,9 +298,20 @@ TEST(Optimizer, UpdatePartsFromThreadsEqualApplyGradientsBitwise) {
       case 2:
         return std::make_unique<SGD>(
             SGDOptions{.learning_rate = 0.1, .momentum = 0.9, .nesterov = true});
-      default:
+      case 3:
         return std::make_unique<RMSprop>(RMSpropOptions{
             .learning_rate = 0.01, .momentum = 0.5, .centered = true, .weight_decay = 0.01});
+      case 4: {  // clipping by the global norm: computed in prepare_update, before the parts
+        auto o = std::make_unique<AdamW>(
+            AdamWOptions{.learning_rate = 0.01, .weight_decay = 0.1, .global_clipnorm = 1.0});
+        o->exclude_from_weight_decay({"v1"});
+        return o;
+      }
+      case 5:
+        return std::make_unique<SGD>(
+            SGDOptions{.learning_rate = 0.1, .momentum = 0.9, .clipnorm = 2.0});
+      default:
+        return std::make_unique<RMSprop>(RMSpropOptions{.learning_rate = 0.01, .clipvalue = 0.5});
     }
   };
   const std::vector<int64_t> sizes{10, 4099, 100352, 1};
@@ -310,7 +321,7 @@ TEST(Optimizer, UpdatePartsFromThreadsEqualApplyGradientsBitwise) {
     for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = rng.uniform(-1.0f, 1.0f);
     return t;
   };
-  for (int which = 0; which < 4; ++which) {
+  for (int which = 0; which < 7; ++which) {
     for (const int parts : {2, 3}) {
       std::vector<std::unique_ptr<Variable>> a_vars, b_vars;
       std::vector<Variable*> a, b;

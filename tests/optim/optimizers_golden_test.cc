@@ -38,6 +38,10 @@ OptimizerConfig config_from(const json& c) {
     config.hyperparameters.emplace_back(
         key, value.is_boolean() ? (value.get<bool>() ? 1.0 : 0.0) : value.get<double>());
   }
+  if (c.contains("exclude_from_weight_decay")) {
+    config.exclude_from_weight_decay =
+        c.at("exclude_from_weight_decay").get<std::vector<std::string>>();
+  }
   if (!c.at("schedule").is_null()) {
     auto s = std::make_shared<ScheduleConfig>();
     s->class_name = c.at("schedule").at("class_name").get<std::string>();
@@ -116,7 +120,9 @@ TEST(GoldenFile, CoversEveryConfiguration) {
   for (const char* want :
        {"sgd_plain", "sgd_momentum", "sgd_nesterov", "adam_default", "adam_amsgrad", "adamw",
         "rmsprop_plain", "rmsprop_momentum", "rmsprop_centered", "adam_exponential_decay",
-        "adam_piecewise_constant_decay"}) {
+        "adam_piecewise_constant_decay", "sgd_momentum_clipnorm", "sgd_momentum_global_clipnorm",
+        "sgd_clipvalue", "adam_clipnorm", "adamw_global_clipnorm_exclude_bias",
+        "adamw_exclude_bias", "adam_cosine_decay", "adam_cosine_decay_warmup"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   }
 }

@@ -70,5 +70,42 @@ TEST(Schedules, ConfigRoundTrip) {
                InvalidArgumentError);
 }
 
+TEST(CosineDecay, KerasFormulaWithAndWithoutWarmup) {
+  const CosineDecay plain({.initial_learning_rate = 1.0, .decay_steps = 4, .alpha = 0.2});
+  EXPECT_FLOAT_EQ(plain(0), 1.0f);
+  EXPECT_FLOAT_EQ(plain(2), 0.8f * 0.5f + 0.2f);
+  EXPECT_FLOAT_EQ(plain(4), 0.2f);
+  EXPECT_FLOAT_EQ(plain(100), 0.2f);  // held at the end
+  const CosineDecay warm(
+      {.initial_learning_rate = 0.0, .decay_steps = 10, .warmup_target = 0.5, .warmup_steps = 5});
+  EXPECT_FLOAT_EQ(warm(0), 0.0f);
+  EXPECT_FLOAT_EQ(warm(2), 0.2f);
+  EXPECT_FLOAT_EQ(warm(5), 0.5f);
+  EXPECT_FLOAT_EQ(warm(10), 0.25f);
+  EXPECT_NEAR(warm(15), 0.0f, 1e-9f);
+  EXPECT_NEAR(warm(1000), 0.0f, 1e-9f);
+}
+
+TEST(CosineDecay, ConfigRoundTripAndErrors) {
+  const CosineDecay warm({.initial_learning_rate = 0.1,
+                          .decay_steps = 10,
+                          .alpha = 0.05,
+                          .warmup_target = 0.5,
+                          .warmup_steps = 5});
+  const auto back = schedule_from_config(warm.get_config());
+  for (int64_t s = 0; s < 20; ++s) EXPECT_EQ((*back)(s), warm(s)) << s;
+  const CosineDecay plain({.initial_learning_rate = 0.1, .decay_steps = 3});
+  const ScheduleConfig c = plain.get_config();
+  EXPECT_EQ(c.class_name, "CosineDecay");
+  for (const auto& [k, v] : c.scalars) EXPECT_NE(k, "warmup_target");  // None
+  EXPECT_EQ((*schedule_from_config(c))(2), plain(2));
+  EXPECT_THROW(CosineDecay({.decay_steps = 0}), InvalidArgumentError);
+  EXPECT_THROW(CosineDecay({.decay_steps = 5, .warmup_steps = 3}), InvalidArgumentError);
+  EXPECT_THROW(CosineDecay({.decay_steps = 5, .warmup_target = 1.0, .warmup_steps = -1}),
+               InvalidArgumentError);
+  EXPECT_THROW(schedule_from_config({"CosineDecay", {{"initial_learning_rate", 0.1}}}),
+               InvalidArgumentError);
+}
+
 }  // namespace
 }  // namespace dtrain::optim

@@ -688,13 +688,33 @@ TEST(SavingErrors, UnsupportedTrainingConfigIsRefusedUnlessCompileIsFalse) {
   ck::KerasH5Contents c = tf21_style_contents("learning_rate", false);
   c.training_config = R"({"loss": "sparse_categorical_crossentropy", "metrics": [],
       "optimizer_config": {"class_name": "Adam", "config": {"learning_rate": 0.001,
-      "clipnorm": 1.0}}})";
-  ck::write_keras_h5(dir.file("clip.h5"), c);
+      "use_ema": true}}})";
+  ck::write_keras_h5(dir.file("ema.h5"), c);
   const std::string msg =
-      expect_throws<InvalidArgumentError>([&] { load_model(dir.file("clip.h5")); });
-  EXPECT_NE(msg.find("clipnorm"), std::string::npos) << msg;
-  std::unique_ptr<nn::Model> m = load_model(dir.file("clip.h5"), {.compile = false});
+      expect_throws<InvalidArgumentError>([&] { load_model(dir.file("ema.h5")); });
+  EXPECT_NE(msg.find("use_ema"), std::string::npos) << msg;
+  std::unique_ptr<nn::Model> m = load_model(dir.file("ema.h5"), {.compile = false});
   EXPECT_FALSE(m->compiled());
+}
+
+// Keras's clipping arguments load into the optimizer (and a null one means unset).
+TEST(Saving, GradientClippingArgumentsLoadFromKerasFiles) {
+  TempDir dir;
+  ck::KerasH5Contents c = tf21_style_contents("learning_rate", false);
+  c.training_config = R"({"loss": "sparse_categorical_crossentropy", "metrics": [],
+      "optimizer_config": {"class_name": "Adam", "config": {"learning_rate": 0.001,
+      "clipnorm": null, "global_clipnorm": 1.5, "clipvalue": null}}})";
+  ck::write_keras_h5(dir.file("clip.h5"), c);
+  std::unique_ptr<nn::Model> m = load_model(dir.file("clip.h5"));
+  ASSERT_TRUE(m->compiled());
+  EXPECT_EQ(m->optimizer()->clipping().global_clipnorm, 1.5);
+  EXPECT_EQ(m->optimizer()->clipping().clipnorm, 0.0);
+  const optim::OptimizerConfig config = m->optimizer()->get_config();
+  ASSERT_NE(config.find("global_clipnorm"), nullptr);
+  EXPECT_EQ(*config.find("global_clipnorm"), 1.5);
+  // Written back under Keras's key.
+  save_model(*m, dir.file("again.h5"));
+  EXPECT_EQ(load_model(dir.file("again.h5"))->optimizer()->clipping().global_clipnorm, 1.5);
 }
 
 TEST(SavingErrors, OptimizerStateThatDoesNotFitStartsFreshWithAWarning) {

@@ -23,6 +23,14 @@ implementation:
     Keras's eps equals torch's eps * sqrt(1 - b2^t). With eps = 0 they agree to float rounding
     (checked to 1e-6); with eps = 1e-7 to ~1e-5 (checked). torch's amsgrad keeps
     max(vhat, v) like Keras and is checked the same way.
+  * Gradient clipping (Keras's clipnorm, global_clipnorm, clipvalue, applied to the gradients
+    before weight decay and the update): cross-checked with torch.nn.utils.clip_grad_norm_ (per
+    variable for clipnorm, over all gradients for global_clipnorm) and clip_grad_value_ before
+    torch.optim's step. torch divides by (norm + 1e-6) where Keras divides by max(norm, clip), a
+    relative difference of ~1e-6 on clipped steps (checked to 1e-5).
+  * AdamW's exclude_from_weight_decay (Keras 3: variables whose name matches are not decayed):
+    torch.optim.AdamW with a parameter group of weight_decay 0 for the excluded variables.
+  * CosineDecay (Keras 3, with warmup): Keras's formula written out in schedule_fn below.
 """
 import json
 import math
@@ -31,6 +39,7 @@ import sys
 
 import torch
 
+VAR_NAMES = ["dense/kernel", "dense/bias"]
 KERNEL_SHAPE = [3, 4]
 BIAS_SHAPE = [4]
 NUM_STEPS = 5
@@ -72,7 +81,45 @@ def schedule_fn(schedule):
                     return v
             return cfg["values"][-1]
         return f
+    if cls == "CosineDecay":
+        # keras/src/optimizers/schedules/learning_rate_schedule.py, CosineDecay.__call__.
+        def decayed(step, decay_from):
+            completed = step / cfg["decay_steps"]
+            cosine = 0.5 * (1.0 + math.cos(math.pi * completed))
+            return decay_from * ((1 - cfg["alpha"]) * cosine + cfg["alpha"])
+
+        def f(step):
+            decay_steps = cfg["decay_steps"]
+            if cfg.get("warmup_target") is None:
+                return decayed(min(step, decay_steps), cfg["initial_learning_rate"])
+            warmup_steps = cfg["warmup_steps"]
+            step = min(step, decay_steps + warmup_steps)
+            if step < warmup_steps:
+                delta = cfg["warmup_target"] - cfg["initial_learning_rate"]
+                return delta * (step / warmup_steps) + cfg["initial_learning_rate"]
+            return decayed(step - warmup_steps, cfg["warmup_target"])
+        return f
     raise ValueError(cls)
+
+
+def keras_clip(cfg, gs):
+    """Keras's BaseOptimizer._clip_gradients (float32 tensors, norms in float64 as dtrain)."""
+    if cfg.get("clipnorm"):
+        c = cfg["clipnorm"]
+        out = []
+        for g in gs:
+            norm = math.sqrt((g.double() ** 2).sum().item())
+            out.append(g * f32(c / max(norm, c)))
+        return out
+    if cfg.get("global_clipnorm"):
+        c = cfg["global_clipnorm"]
+        norm = math.sqrt(sum((g.double() ** 2).sum().item() for g in gs))
+        scale = f32(c * min(1.0 / norm, 1.0 / c))
+        return [g * scale for g in gs]
+    if cfg.get("clipvalue"):
+        c = f32(cfg["clipvalue"])
+        return [torch.clamp(g, -c, c) for g in gs]
+    return gs
 
 
 # ---- Keras's update rules ------------------------------------------------------------------
@@ -82,16 +129,19 @@ def f32(x):
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-def keras_run(class_name, cfg, schedule, init, grads):
+def keras_run(class_name, cfg, schedule, init, grads, exclude=()):
     lr_fn = schedule_fn(schedule) or (lambda step: cfg["learning_rate"])
     vars_ = [v.clone() for v in init]
     slots = [dict() for _ in vars_]
     history = []
     for step, gs in enumerate(grads):
         lr = f32(lr_fn(step))  # Keras: the schedule at iterations before this update
+        gs = keras_clip(cfg, gs)
         for i, (var, g) in enumerate(zip(vars_, gs)):
             s = slots[i]
             wd = cfg.get("weight_decay", 0.0)
+            if any(e in VAR_NAMES[i] for e in exclude):
+                wd = 0.0
             if class_name == "SGD":
                 if wd:
                     var -= var * f32(wd * lr)
@@ -150,7 +200,17 @@ def keras_run(class_name, cfg, schedule, init, grads):
 
 # ---- torch.optim cross-checks --------------------------------------------------------------
 
-def torch_run(make_opt, init, grads, make_scheduler=None):
+def torch_clip(cfg, params):
+    if cfg.get("clipnorm"):
+        for p in params:
+            torch.nn.utils.clip_grad_norm_([p], cfg["clipnorm"])
+    elif cfg.get("global_clipnorm"):
+        torch.nn.utils.clip_grad_norm_(params, cfg["global_clipnorm"])
+    elif cfg.get("clipvalue"):
+        torch.nn.utils.clip_grad_value_(params, cfg["clipvalue"])
+
+
+def torch_run(make_opt, init, grads, make_scheduler=None, clip_cfg=None):
     params = [torch.nn.Parameter(v.clone()) for v in init]
     opt = make_opt(params)
     scheduler = make_scheduler(opt) if make_scheduler else None
@@ -158,6 +218,8 @@ def torch_run(make_opt, init, grads, make_scheduler=None):
     for gs in grads:
         for p, g in zip(params, gs):
             p.grad = g.clone()
+        if clip_cfg:
+            torch_clip(clip_cfg, params)
         opt.step()
         if scheduler:
             scheduler.step()
@@ -205,6 +267,10 @@ def cross_check(label, keras_hist, torch_hist, tol):
 
 def torch_cross_checks(case, init, grads, hist):
     cls, cfg = case["class_name"], case["config"]
+    exclude = case.get("exclude_from_weight_decay", [])
+    clip_tol = 1e-5 if any(cfg.get(k) for k in ("clipnorm", "global_clipnorm")) else 1e-6
+    if case["schedule"] is not None and case["schedule"]["class_name"] == "CosineDecay":
+        return  # Keras's formula, written out in schedule_fn
     if case["schedule"] is not None:
         # Schedules: Adam with eps = 0 (the same math in both, see above) and torch's scheduler.
         make_scheduler = torch_scheduler(case["schedule"])
@@ -221,20 +287,29 @@ def torch_cross_checks(case, init, grads, hist):
     if cls == "SGD":
         cross_check(case["name"], hist, torch_run(lambda p: torch.optim.SGD(
             p, lr=cfg["learning_rate"], momentum=cfg["momentum"], nesterov=cfg["nesterov"]),
-            init, grads), 1e-6)
+            init, grads, clip_cfg=cfg), clip_tol)
     elif cls in ("Adam", "AdamW"):
         def make(eps):
             def mk(p):
                 kw = dict(lr=cfg["learning_rate"], betas=(cfg["beta_1"], cfg["beta_2"]), eps=eps,
                           amsgrad=cfg["amsgrad"])
                 if cls == "AdamW":
-                    return torch.optim.AdamW(p, weight_decay=cfg["weight_decay"], **kw)
+                    decayed = [q for i, q in enumerate(p)
+                               if not any(e in VAR_NAMES[i] for e in exclude)]
+                    kept = [q for i, q in enumerate(p) if any(e in VAR_NAMES[i] for e in exclude)]
+                    groups = [{"params": decayed}] + ([{"params": kept, "weight_decay": 0.0}]
+                                                      if kept else [])
+                    return torch.optim.AdamW(groups, weight_decay=cfg["weight_decay"], **kw)
                 return torch.optim.Adam(p, **kw)
             return mk
         cfg0 = dict(cfg, epsilon=0.0)
-        cross_check(case["name"] + " (eps=0)", keras_run(cls, cfg0, None, init, grads),
-                    torch_run(make(0.0), init, grads), 1e-6)
-        cross_check(case["name"], hist, torch_run(make(cfg["epsilon"]), init, grads), 1e-5)
+        cross_check(case["name"] + " (eps=0)", keras_run(cls, cfg0, None, init, grads, exclude),
+                    torch_run(make(0.0), init, grads, clip_cfg=cfg), clip_tol)
+        # Keras's epsilon hat differs from torch's eps by O(eps/sqrt(v)) (see above); clipped
+        # gradients are smaller, so v is and the difference grows a little.
+        cross_check(case["name"], hist,
+                    torch_run(make(cfg["epsilon"]), init, grads, clip_cfg=cfg),
+                    1e-5 if clip_tol < 1e-5 else 3e-5)
     elif cls == "RMSprop":
         def make(eps):
             return lambda p: torch.optim.RMSprop(p, lr=cfg["learning_rate"], alpha=cfg["rho"],
@@ -283,6 +358,23 @@ CASES = [
     ("adam_piecewise_constant_decay", "Adam", adam(0.0),
      {"class_name": "PiecewiseConstantDecay",
       "config": {"boundaries": [1, 3], "values": [0.05, 0.01, 0.002]}}),
+    # Gradient clipping: the gradients' norms are ~3.5·scale (kernel) and ~2·scale (bias), with
+    # scales 1, 0.3, 2, 0.05, 1.2, so some steps clip and some do not.
+    ("sgd_momentum_clipnorm", "SGD", dict(sgd(0.1, momentum=0.9), clipnorm=1.5), None),
+    ("sgd_momentum_global_clipnorm", "SGD", dict(sgd(0.1, momentum=0.9), global_clipnorm=2.0),
+     None),
+    ("sgd_clipvalue", "SGD", dict(sgd(0.1), clipvalue=0.5), None),
+    ("adam_clipnorm", "Adam", dict(adam(0.05), clipnorm=1.5), None),
+    ("adamw_global_clipnorm_exclude_bias", "AdamW",
+     dict(adam(0.05, weight_decay=0.1), global_clipnorm=2.0), None, ["bias"]),
+    ("adamw_exclude_bias", "AdamW", adam(0.05, weight_decay=0.1), None, ["bias"]),
+    ("adam_cosine_decay", "Adam", adam(0.0),
+     {"class_name": "CosineDecay",
+      "config": {"initial_learning_rate": 0.05, "decay_steps": 3, "alpha": 0.1}}),
+    ("adam_cosine_decay_warmup", "Adam", adam(0.0),
+     {"class_name": "CosineDecay",
+      "config": {"initial_learning_rate": 0.0, "decay_steps": 2, "alpha": 0.0,
+                 "warmup_target": 0.05, "warmup_steps": 2}}),
 ]
 
 
@@ -290,12 +382,15 @@ def main():
     torch.set_num_threads(1)
     init, grads = make_data()
     cases = []
-    for name, cls, cfg, schedule in CASES:
+    for name, cls, cfg, schedule, *rest in CASES:
         print(name)
         case = {"name": name, "class_name": cls, "config": cfg, "schedule": schedule}
+        exclude = rest[0] if rest else []
+        if exclude:
+            case["exclude_from_weight_decay"] = exclude
         if schedule is not None:
             case["config"] = {k: v for k, v in cfg.items() if k != "learning_rate"}
-        hist = keras_run(cls, cfg, schedule, init, grads)
+        hist = keras_run(cls, cfg, schedule, init, grads, exclude)
         torch_cross_checks(case, init, grads, hist)
         case["expected"] = [[v.flatten().tolist() for v in step] for step in hist]
         cases.append(case)

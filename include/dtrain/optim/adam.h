@@ -15,6 +15,10 @@ struct AdamOptions {
   double epsilon = 1e-7;         // added to √v (Keras's "epsilon hat"), >= 0
   bool amsgrad = false;          // keep vhat = max(vhat, v) and divide by √vhat
   double weight_decay = 0.0;     // decoupled decay var −= var·wd·lr before the step; 0 = None
+  // Gradient clipping, as Keras's optimizer arguments (0 = None; at most one may be set):
+  double clipnorm = 0.0;         // clip each gradient to this L2 norm
+  double clipvalue = 0.0;        // clip each gradient element to [-clipvalue, clipvalue]
+  double global_clipnorm = 0.0;  // scale all gradients so their global L2 norm is <= this
   std::string name = "Adam";     // prefix of slot variable names
 };
 
@@ -48,6 +52,10 @@ struct AdamWOptions {
   double beta_2 = 0.999;         // decay of the second-moment estimate v, in [0, 1)
   double epsilon = 1e-7;         // added to √v (Keras's "epsilon hat"), >= 0
   bool amsgrad = false;          // keep vhat = max(vhat, v) and divide by √vhat
+  // Gradient clipping, as Keras's optimizer arguments (0 = None; at most one may be set):
+  double clipnorm = 0.0;         // clip each gradient to this L2 norm
+  double clipvalue = 0.0;        // clip each gradient element to [-clipvalue, clipvalue]
+  double global_clipnorm = 0.0;  // scale all gradients so their global L2 norm is <= this
   std::string name = "AdamW";    // prefix of slot variable names
 };
 

@@ -30,9 +30,27 @@ struct OptimizerConfig {
   std::string name;        // the optimizer's name(); empty means the class's default
   std::vector<std::pair<std::string, double>> hyperparameters;
   std::shared_ptr<const ScheduleConfig> learning_rate_schedule = nullptr;
+  // Optimizer::exclude_from_weight_decay's names (not part of Keras's config, see saving).
+  std::vector<std::string> exclude_from_weight_decay = {};
 
   // The value under `key`, or nullptr.
   const double* find(std::string_view key) const;
+};
+
+// Keras's gradient clipping arguments, applied to the gradients before weight decay and the
+// update (0 = None). At most one may be set (Keras raises otherwise):
+//   clipnorm:        g ← g·clipnorm / max(‖g‖, clipnorm) for each variable (tf.clip_by_norm);
+//   global_clipnorm: every g ← g·clip·min(1/N, 1/clip), N = √(Σ‖g‖²) over all the gradients of
+//                    the update (tf.clip_by_global_norm; a non-finite N gives NaN gradients);
+//   clipvalue:       g ← clip(g, −clipvalue, clipvalue) element-wise.
+// Norms are summed in double, variable by variable in order and element by element, so they do
+// not depend on how update_part splits the work.
+struct GradientClipping {
+  double clipnorm = 0.0;
+  double clipvalue = 0.0;
+  double global_clipnorm = 0.0;
+  bool any() const { return clipnorm > 0.0 || clipvalue > 0.0 || global_clipnorm > 0.0; }
+  bool by_norm() const { return clipnorm > 0.0 || global_clipnorm > 0.0; }
 };
 
 class Optimizer {
@@ -59,6 +77,9 @@ class Optimizer {
   // variable (every optimizer's update is element-wise); finish_update() increments
   // iterations(). Between prepare_update and finish_update nothing else may use the optimizer.
   // The result is bitwise that of apply_gradients. Allocates nothing once the slots exist.
+  // With clipnorm or global_clipnorm (clipping().by_norm()), prepare_update also computes the
+  // gradients' norms, so it must see the final (reduced) gradients: call it after the
+  // all-reduce, not before (clipvalue and no clipping allow either).
   void prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars);
   void update_part(std::span<const Tensor> grads, std::span<Variable* const> vars, int part,
                    int parts);
@@ -71,6 +92,18 @@ class Optimizer {
   // by slot as Keras does (all "m", then all "v"), so a checkpoint can be restored into them
   // before the first step. Throws InvalidArgumentError for a null or non-float32 variable.
   void build(std::span<Variable* const> vars);
+
+  // The clipping arguments (see GradientClipping).
+  const GradientClipping& clipping() const { return clipping_; }
+
+  // Keras 3's exclude_from_weight_decay(var_names=...): variables whose name contains any of
+  // `var_names` as a substring (Keras searches the names as regular expressions; dtrain matches
+  // them literally) get no weight decay. Must be called before the optimizer is built (its first
+  // update or build()); throws FailedPreconditionError otherwise. Replaces earlier names.
+  void exclude_from_weight_decay(std::vector<std::string> var_names);
+  const std::vector<std::string>& excluded_from_weight_decay() const { return exclude_names_; }
+  // Whether weight decay applies to `var` (weight_decay > 0 and its name matches no exclusion).
+  bool uses_weight_decay(const Variable& var) const;
 
   // Number of updates applied so far.
   int64_t iterations() const;
@@ -106,15 +139,22 @@ class Optimizer {
  protected:
   // Per-update values a subclass's update_step reads.
   struct StepContext {
-    int64_t step;  // iterations() before this update (Keras's local_step is step + 1)
-    float lr;      // learning rate at `step`
+    int64_t step;               // iterations() before this update (Keras's local_step is step + 1)
+    float lr;                   // learning rate at `step`
+    double weight_decay = 0.0;  // for this variable: 0 when excluded (fusing kernels read this)
   };
 
   // `slot_names` are the slots each variable gets, at most kMaxSlots. A subclass whose kernel
   // applies weight decay itself passes fuses_weight_decay = true; otherwise apply_gradients
   // applies var ← var − var·weight_decay·lr before update_step.
   Optimizer(std::string name, double learning_rate, double weight_decay,
-            std::vector<std::string> slot_names, bool fuses_weight_decay = false);
+            std::vector<std::string> slot_names, GradientClipping clipping = {},
+            bool fuses_weight_decay = false);
+  // The clipping fields of an options struct.
+  template <class Options>
+  static GradientClipping clipping_of(const Options& o) {
+    return {.clipnorm = o.clipnorm, .clipvalue = o.clipvalue, .global_clipnorm = o.global_clipnorm};
+  }
 
   // Updates one variable, var and g [n], whose slots (in slot_names() order) are `slots`.
   // Must not allocate.
@@ -122,13 +162,19 @@ class Optimizer {
                            float* const* slots) = 0;
 
   double weight_decay() const { return weight_decay_; }
+  // Fills clip_scales_ from the gradients' norms (clipnorm / global_clipnorm).
+  void compute_clip_scales(std::span<const Tensor> grads);
   // Adds "learning_rate" (constant only) to `config`, or sets its schedule.
   void add_learning_rate_to_config(OptimizerConfig& config) const;
+  // Adds the clipping arguments that are set, and the weight-decay exclusions, to `config`.
+  void add_clipping_to_config(OptimizerConfig& config) const;
 
  private:
   struct SlotSet {
     std::array<Variable*, kMaxSlots> variables{};
     std::array<float*, kMaxSlots> data{};
+    bool decay = true;         // weight decay applies (see exclude_from_weight_decay)
+    float* clipped = nullptr;  // the clipped gradient, when clipping is on
   };
 
   std::string name_;
@@ -137,6 +183,10 @@ class Optimizer {
   double weight_decay_;
   bool fuses_weight_decay_;
   std::vector<std::string> slot_names_;
+  GradientClipping clipping_;
+  std::vector<std::string> exclude_names_;
+  std::vector<float> clip_scales_;    // per gradient of the pending update (clipping by norm)
+  std::vector<Tensor> clip_buffers_;  // one per variable when clipping is on
   Variable iterations_;
   std::unordered_map<int64_t, SlotSet> slots_;  // by Variable::id()
   StepContext pending_{};                       // between prepare_update and finish_update

@@ -14,6 +14,10 @@ struct RMSpropOptions {
   double epsilon = 1e-7;         // added under the square root, >= 0
   bool centered = false;      // divide by the variance estimate v − a² (slot "average_gradient")
   double weight_decay = 0.0;  // decoupled decay var −= var·wd·lr before the step; 0 = None
+  // Gradient clipping, as Keras's optimizer arguments (0 = None; at most one may be set):
+  double clipnorm = 0.0;         // clip each gradient to this L2 norm
+  double clipvalue = 0.0;        // clip each gradient element to [-clipvalue, clipvalue]
+  double global_clipnorm = 0.0;  // scale all gradients so their global L2 norm is <= this
   std::string name = "RMSprop";  // prefix of slot variable names
 };
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,30 @@ class PiecewiseConstantDecay final : public LearningRateSchedule {
  private:
   std::vector<int64_t> boundaries_;
   std::vector<double> values_;
+};
+
+// keras.optimizers.schedules.CosineDecay (Keras 3, with its linear warmup). With s = min(step,
+// decay_steps + warmup_steps):
+//   no warmup_target: s = min(step, decay_steps); lr = initial·d(s)
+//   s < warmup_steps: lr = initial + (warmup_target − initial)·s / warmup_steps
+//   otherwise:        lr = warmup_target·d(s − warmup_steps)
+// where d(t) = (1 − alpha)·½(1 + cos(π·t / decay_steps)) + alpha. Throws InvalidArgumentError
+// when decay_steps <= 0, warmup_steps < 0, or warmup_steps > 0 without a warmup_target.
+struct CosineDecayOptions {
+  double initial_learning_rate = 0.0;  // the start (of the warmup, or of the decay without one)
+  int64_t decay_steps = 0;             // steps of the cosine decay, after the warmup
+  double alpha = 0.0;                  // the final learning rate as a fraction of the peak
+  std::optional<double> warmup_target = std::nullopt;  // the peak after warmup; none: no warmup
+  int64_t warmup_steps = 0;
+};
+class CosineDecay final : public LearningRateSchedule {
+ public:
+  explicit CosineDecay(const CosineDecayOptions& options);
+  float operator()(int64_t step) const override;
+  ScheduleConfig get_config() const override;
+
+ private:
+  CosineDecayOptions o_;
 };
 
 // Builds the schedule a ScheduleConfig describes. Throws InvalidArgumentError for an unknown

@@ -13,7 +13,11 @@ struct SGDOptions {
   double momentum = 0.0;        // in [0, 1]; 0 is plain SGD and keeps no slot
   bool nesterov = false;        // Nesterov momentum (needs momentum > 0 to matter)
   double weight_decay = 0.0;    // decoupled decay var −= var·wd·lr before the step; 0 = None
-  std::string name = "SGD";     // prefix of slot variable names
+  // Gradient clipping, as Keras's optimizer arguments (0 = None; at most one may be set):
+  double clipnorm = 0.0;         // clip each gradient to this L2 norm
+  double clipvalue = 0.0;        // clip each gradient element to [-clipvalue, clipvalue]
+  double global_clipnorm = 0.0;  // scale all gradients so their global L2 norm is <= this
+  std::string name = "SGD";      // prefix of slot variable names
 };
 
 // Keras's update: m ← momentum·m − lr·g; var ← var + m, or with nesterov

@@ -127,7 +127,8 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
       scores, mask,
       {.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)), .causal = options.use_causal_mask});
   if (options.attention_scores) *options.attention_scores = probs;
-  const Tensor dropped = dropout_rate_ > 0.0f ? dropout_(probs, options.training) : probs;
+  // Dropout::call directly: Layer::operator() would pin the first call's [B, N, T, S].
+  const Tensor dropped = dropout_rate_ > 0.0f ? dropout_.call(probs, options.training) : probs;
   const Tensor context = multihead_combine(dropped, v);  // [B, T, N, Hv]
   const Tensor flat = reshape(context, Shape{batch * t_len, num_heads_ * value_dim_});
   const Tensor w = reshape(wo_->value(), Shape{num_heads_ * value_dim_, out_features_});

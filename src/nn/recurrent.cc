@@ -173,8 +173,11 @@ Bidirectional::Bidirectional(const RecurrentLayer& layer, BidirectionalOptions o
                    merge_mode_ == "ave",
                "Bidirectional '", name(), "': merge_mode must be concat, sum, mul or ave, got '",
                merge_mode_, "'");
-  forward_ = layer.clone_as(name() + "/forward_" + layer.name(), layer.options().go_backwards);
-  backward_ = layer.clone_as(name() + "/backward_" + layer.name(), !layer.options().go_backwards);
+  // Keras 3 serializes the forward copy itself ("forward_lstm"): strip the prefix as Keras does.
+  std::string base = layer.name();
+  if (base.rfind("forward_", 0) == 0) base = base.substr(8);
+  forward_ = layer.clone_as(name() + "/forward_" + base, layer.options().go_backwards);
+  backward_ = layer.clone_as(name() + "/backward_" + base, !layer.options().go_backwards);
   if (options.input_shape) {
     set_input_shape(*options.input_shape);
     build(*options.input_shape);
@@ -335,12 +338,21 @@ std::shared_ptr<Layer> gru_from_config(const json& c, const std::string& where) 
 std::shared_ptr<Layer> bidirectional_from_config(const json& c, const std::string& where) {
   DTRAIN_CHECK(c.contains("layer") && c["layer"].is_object(), where,
                ": Bidirectional without a \"layer\"");
-  DTRAIN_CHECK(!c.contains("backward_layer") || c["backward_layer"].is_null(), where,
-               ".backward_layer: a separate backward layer is not supported");
   auto inner = detail::layer_from_json(c["layer"], where + ".layer");
   auto* rnn = dynamic_cast<RecurrentLayer*>(inner.get());
   DTRAIN_CHECK(rnn != nullptr, where, ".layer: Bidirectional wraps LSTM or GRU, got ",
                inner->class_name());
+  if (c.contains("backward_layer") && !c["backward_layer"].is_null()) {
+    // Keras 3 always writes the backward copy; accept it when it mirrors the forward layer.
+    auto back = detail::layer_from_json(c["backward_layer"], where + ".backward_layer");
+    auto* b = dynamic_cast<RecurrentLayer*>(back.get());
+    DTRAIN_CHECK(b != nullptr && b->class_name() == rnn->class_name() &&
+                     b->units() == rnn->units() &&
+                     b->options().return_sequences == rnn->options().return_sequences &&
+                     b->options().return_state == rnn->options().return_state &&
+                     b->options().go_backwards != rnn->options().go_backwards,
+                 where, ".backward_layer: only the mirror of the forward layer is supported");
+  }
   return std::make_shared<Bidirectional>(
       *rnn, BidirectionalOptions{.merge_mode = detail::str_field(c, "merge_mode", where, "concat"),
                                  .input_shape = detail::declared_input_shape(c, where),

@@ -114,6 +114,9 @@ TEST(MultiHeadAttention, DropoutOnProbabilitiesIsSeededAndOnlyInTraining) {
   EXPECT_FALSE(ta.equals(inference));                    // dropout changed something
   EXPECT_FALSE(ta.equals(a(x, x, {.training = true})));  // the next call draws a new mask
   EXPECT_EQ(a.dropout_layer().rng_state().counter, 2u);
+  // Another sequence length (generation grows the context) still drops.
+  const Tensor longer = random_tensor(Shape{1, 9, 4}, 32);
+  EXPECT_EQ(a(longer, longer, {.training = true}).shape(), (Shape{1, 9, 4}));
 }
 
 TEST(MultiHeadAttention, FunctionalCallListAndOutputShapes) {

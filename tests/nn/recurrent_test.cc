@@ -180,6 +180,31 @@ TEST(Recurrent, ConfigsRoundTripThroughModelJson) {
   EXPECT_EQ((*back)(Tensor::zeros(Shape{2, 6, 3})).shape(), (Shape{2, 1}));
 }
 
+TEST(Bidirectional, ReadsKeras3ConfigsWithTheBackwardCopy) {
+  // Keras 3 writes the forward copy as "layer" and its mirror as "backward_layer".
+  std::unique_ptr<Model> m = model_from_json(R"({"class_name": "Sequential", "config": {
+    "name": "s", "layers": [
+      {"class_name": "InputLayer", "config": {"name": "in", "batch_shape": [null, 4, 3]}},
+      {"class_name": "Bidirectional", "config": {"name": "bi", "merge_mode": "sum",
+        "layer": {"class_name": "GRU", "config": {"name": "forward_gru", "units": 2}},
+        "backward_layer": {"class_name": "GRU", "config": {"name": "backward_gru", "units": 2,
+                                                           "go_backwards": true}}}}]}})");
+  std::vector<std::string> names;
+  for (Variable* v : m->weights()) names.push_back(v->name());
+  ASSERT_EQ(names.size(), 6u);
+  EXPECT_EQ(names[0], "bi/forward_gru/gru_cell/kernel");
+  EXPECT_EQ(names[3], "bi/backward_gru/gru_cell/kernel");
+  expect_throws_with<InvalidArgumentError>(
+      [] {
+        model_from_json(R"({"class_name": "Sequential", "config": {"name": "s", "layers": [
+          {"class_name": "Bidirectional", "config": {"name": "bi",
+           "layer": {"class_name": "GRU", "config": {"name": "g", "units": 2}},
+           "backward_layer": {"class_name": "LSTM", "config": {"name": "l", "units": 2,
+                                                               "go_backwards": true}}}}]}})");
+      },
+      {"backward_layer", "mirror"});
+}
+
 TEST(Recurrent, BadInputNamesTheLayer) {
   LSTM lstm(3, {.name = "enc"});
   expect_throws_with<InvalidArgumentError>(

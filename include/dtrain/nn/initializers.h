@@ -24,8 +24,7 @@ class Initializer {
 };
 
 // Keras identifiers: "glorot_uniform", "glorot_normal", "he_normal", "he_uniform",
-// "lecun_normal", "lecun_uniform", "zeros", "ones", "orthogonal", "random_normal",
-// "random_uniform" (alias "uniform"),
+// "lecun_normal", "lecun_uniform", "zeros", "ones", "random_normal", "random_uniform",
 // "truncated_normal", and the Keras class names ("GlorotUniform", ...). Throws
 // InvalidArgumentError naming the unknown identifier.
 std::shared_ptr<Initializer> initializer_from_name(const std::string& name,

@@ -2,9 +2,9 @@
 // 64, one thread, timed side by side in one process: dtrain's im2col + OpenBLAS kernels
 // (ops/convolution.h) against oneDNN 2.x (libdnnl-dev) primitives on the same NHWC/HWIO
 // layouts, and on oneDNN's own blocked layouts (format_tag::any, reorders not counted: its
-// best case), and dtrain's oneDNN backend (ops::ConvBackend::kOnednn). Forward, backward-data and
-// backward-weights: thread CPU time per call, best of `rounds` rounds of `reps` calls. Run with
-// OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: bench_conv_kernels [reps] [rounds]
+// best case), and dtrain's default backend (ops::ConvBackend::kOnednn) as dtrain_fast. Forward,
+// backward-data and backward-weights: thread CPU time per call, best of `rounds` rounds of `reps`
+// calls. Run with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: bench_conv_kernels [reps] [rounds]
 #include <time.h>
 
 #include <algorithm>
@@ -65,7 +65,10 @@ void run(const Layer& l, bool any_layout, int reps, int rounds) {
   auto md = [&](const dnnl::memory::dims& d, tag t) {
     return dnnl::memory::desc(d, dt::f32, any_layout ? tag::any : t);
   };
-  const auto src_md = md(src_d, tag::nhwc), wei_md = md(wei_d, tag::hwio),
+  const bool any_weights = std::getenv("CONV_ANY_WEIGHTS") != nullptr;
+  const auto src_md = md(src_d, tag::nhwc),
+             wei_md =
+                 any_weights ? dnnl::memory::desc(wei_d, dt::f32, tag::any) : md(wei_d, tag::hwio),
              dst_md = md(dst_d, tag::nhwc);
   const auto bia_md = dnnl::memory::desc(bia_d, dt::f32, tag::x);
   dnnl::convolution_forward::primitive_desc fwd_pd(
@@ -118,6 +121,9 @@ void run(const Layer& l, bool any_layout, int reps, int rounds) {
         strm.wait();
       },
       reps, rounds);
+  std::printf("%s onednn_%s implementations %s / %s / %s\n", l.name,
+              any_layout ? "blocked" : "nhwc", fwd_pd.impl_info_str(), bwd_d_pd.impl_info_str(),
+              bwd_w_pd.impl_info_str());
   std::printf("%s onednn_%s forward_ms %.3f backward_data_ms %.3f backward_weights_ms %.3f\n",
               l.name, any_layout ? "blocked" : "nhwc", f_ms, d_ms, w_ms);
 }
@@ -136,7 +142,7 @@ void run_dtrain(const Layer& l, ops::ConvBackend backend, int reps, int rounds) 
   const double w_ms =
       best_ms([&] { (void)ops::conv2d_backward_filter(x, dy, w.shape(), a); }, reps, rounds);
   std::printf("%s dtrain_%s forward_ms %.3f backward_data_ms %.3f backward_weights_ms %.3f\n",
-              l.name, backend == ops::ConvBackend::kIm2col ? "im2col" : "onednn", f_ms, d_ms, w_ms);
+              l.name, backend == ops::ConvBackend::kIm2col ? "im2col" : "fast", f_ms, d_ms, w_ms);
 }
 
 }  // namespace

@@ -222,10 +222,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2D
                  " does not match ", g.o, " filters");
   }
   detail::OnednnConv d;
-  if (onednn_view(g, &d) &&
-      detail::onednn_conv2d(d, x.data<float>(), w.data<float>(),
-                            bias.defined() ? bias.data<float>() : nullptr, py)) {
-    return y;
+  if (onednn_view(g, &d)) {
+    const float* pb = bias.defined() ? bias.data<float>() : nullptr;
+    if (detail::onednn_conv2d(d, x.data<float>(), w.data<float>(), pb, py)) return y;
   }
   if (bias.defined()) {
     const float* pb = bias.data<float>();
@@ -312,9 +311,10 @@ Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_
   Tensor dw(w_shape);
   float* pdw = dw.data<float>();
   detail::OnednnConv d;
-  if (onednn_view(g, &d) &&
-      detail::onednn_conv2d_backward_filter(d, x.data<float>(), dy.data<float>(), pdw)) {
-    return dw;
+  if (onednn_view(g, &d)) {
+    if (detail::onednn_conv2d_backward_filter(d, x.data<float>(), dy.data<float>(), pdw)) {
+      return dw;
+    }
   }
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();

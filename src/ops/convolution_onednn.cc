@@ -35,13 +35,13 @@ std::atomic<int>& backend_flag() {
   return flag;
 }
 
-std::atomic<int64_t> onednn_executions{0};
+std::atomic<int64_t> fast_calls{0};
 
 }  // namespace
 
 void set_conv_backend(ConvBackend b) { backend_flag().store(static_cast<int>(b)); }
 ConvBackend conv_backend() { return static_cast<ConvBackend>(backend_flag().load()); }
-int64_t onednn_conv_executions() { return onednn_executions.load(std::memory_order_relaxed); }
+int64_t fast_conv_calls() { return fast_calls.load(std::memory_order_relaxed); }
 
 namespace detail {
 
@@ -62,6 +62,13 @@ struct Entry {
   dnnl::memory a, b, c, d;  // the arguments in `args` (d: bias, forward only)
   std::unordered_map<int, dnnl::memory> args;
   size_t scratchpad_bytes = 0;
+  // The weights in the primitive's own (blocked) layout, when it chose one: HWIO is reordered
+  // into it before (forward, backward data) or out of it after (backward weights) the primitive.
+  // Weights are small (conv2: 18k floats), activations stay NHWC.
+  std::vector<float> blocked;
+  dnnl::memory user_weights, blocked_weights;
+  dnnl::reorder weights_reorder;
+  bool reorder_before = false, reorder_after = false;
 };
 
 struct ThreadState {
@@ -108,36 +115,56 @@ Params params(const OnednnConv& g) {
 }
 
 dnnl::convolution_forward::primitive_desc forward_pd(const OnednnConv& g, bool bias,
+                                                     const dnnl::memory::desc& wei,
                                                      dnnl::prop_kind prop,
                                                      const dnnl::primitive_attr& attr,
                                                      const dnnl::engine& eng) {
   const Params p = params(g);
   const auto bias_md = bias ? dnnl::memory::desc(dims{g.o}, dt::f32, tag::x) : dnnl::memory::desc();
   return dnnl::convolution_forward::primitive_desc(
-      dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, src_desc(g),
-                                      weights_desc(g), bias_md, dst_desc(g), p.strides, p.dilation,
-                                      p.pad_l, p.pad_r),
+      dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, src_desc(g), wei,
+                                      bias_md, dst_desc(g), p.strides, p.dilation, p.pad_l,
+                                      p.pad_r),
       attr, eng);
 }
 
 // The layouts must come out exactly as asked (no "any"), so a mismatch is a bug, not a reorder.
 bool same(const dnnl::memory::desc& a, const dnnl::memory::desc& b) { return a == b; }
 
+// The memory the primitive reads or writes the weights through: dtrain's HWIO buffer itself
+// when the primitive chose that layout, else a buffer of the entry in its layout with a reorder
+// from (`into`) or back to HWIO.
+dnnl::memory weights_memory(Entry& e, const dnnl::memory::desc& chosen, const OnednnConv& g,
+                            bool into, ThreadState& s) {
+  const auto user = weights_desc(g);
+  e.user_weights = dnnl::memory(user, s.engine, DNNL_MEMORY_NONE);
+  if (same(chosen, user)) return e.user_weights;
+  e.blocked.resize((chosen.get_size() + sizeof(float) - 1) / sizeof(float));
+  e.blocked_weights = dnnl::memory(chosen, s.engine, e.blocked.data());
+  if (into) {
+    e.weights_reorder = dnnl::reorder(e.user_weights, e.blocked_weights);
+    e.reorder_before = true;
+  } else {
+    e.weights_reorder = dnnl::reorder(e.blocked_weights, e.user_weights);
+    e.reorder_after = true;
+  }
+  return e.blocked_weights;
+}
+
 std::unique_ptr<Entry> create(Direction dir, const OnednnConv& g, bool bias, ThreadState& s) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto e = std::make_unique<Entry>();
-  const auto src = src_desc(g), wei = weights_desc(g), dst = dst_desc(g);
+  const auto src = src_desc(g), dst = dst_desc(g);
+  const auto wei = dnnl::memory::desc(weights_desc(g).dims(), dt::f32, tag::any);
   const Params p = params(g);
   if (dir == kForward) {
-    const auto pd = forward_pd(g, bias, dnnl::prop_kind::forward_training, attr, s.engine);
-    if (!same(pd.src_desc(), src) || !same(pd.weights_desc(), wei) || !same(pd.dst_desc(), dst)) {
-      return nullptr;
-    }
+    const auto pd = forward_pd(g, bias, wei, dnnl::prop_kind::forward_training, attr, s.engine);
+    if (!same(pd.src_desc(), src) || !same(pd.dst_desc(), dst)) return nullptr;
     e->prim = dnnl::convolution_forward(pd);
     e->scratchpad_bytes = pd.scratchpad_desc().get_size();
     e->a = dnnl::memory(src, s.engine, DNNL_MEMORY_NONE);
-    e->b = dnnl::memory(wei, s.engine, DNNL_MEMORY_NONE);
+    e->b = weights_memory(*e, pd.weights_desc(), g, true, s);
     e->c = dnnl::memory(dst, s.engine, DNNL_MEMORY_NONE);
     e->args = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
     if (bias) {
@@ -145,36 +172,30 @@ std::unique_ptr<Entry> create(Direction dir, const OnednnConv& g, bool bias, Thr
       e->args[DNNL_ARG_BIAS] = e->d;
     }
   } else if (dir == kBackwardData) {
-    const auto hint = forward_pd(g, false, dnnl::prop_kind::forward_training, attr, s.engine);
+    const auto hint = forward_pd(g, false, wei, dnnl::prop_kind::forward_training, attr, s.engine);
     const dnnl::convolution_backward_data::primitive_desc pd(
         dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src, wei, dst,
                                               p.strides, p.dilation, p.pad_l, p.pad_r),
         attr, s.engine, hint);
-    if (!same(pd.diff_src_desc(), src) || !same(pd.weights_desc(), wei) ||
-        !same(pd.diff_dst_desc(), dst)) {
-      return nullptr;
-    }
+    if (!same(pd.diff_src_desc(), src) || !same(pd.diff_dst_desc(), dst)) return nullptr;
     e->prim = dnnl::convolution_backward_data(pd);
     e->scratchpad_bytes = pd.scratchpad_desc().get_size();
     e->a = dnnl::memory(dst, s.engine, DNNL_MEMORY_NONE);
-    e->b = dnnl::memory(wei, s.engine, DNNL_MEMORY_NONE);
+    e->b = weights_memory(*e, pd.weights_desc(), g, true, s);
     e->c = dnnl::memory(src, s.engine, DNNL_MEMORY_NONE);
     e->args = {{DNNL_ARG_DIFF_DST, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DIFF_SRC, e->c}};
   } else {
-    const auto hint = forward_pd(g, false, dnnl::prop_kind::forward_training, attr, s.engine);
+    const auto hint = forward_pd(g, false, wei, dnnl::prop_kind::forward_training, attr, s.engine);
     const dnnl::convolution_backward_weights::primitive_desc pd(
         dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src, wei, dst,
                                                  p.strides, p.dilation, p.pad_l, p.pad_r),
         attr, s.engine, hint);
-    if (!same(pd.src_desc(), src) || !same(pd.diff_weights_desc(), wei) ||
-        !same(pd.diff_dst_desc(), dst)) {
-      return nullptr;
-    }
+    if (!same(pd.src_desc(), src) || !same(pd.diff_dst_desc(), dst)) return nullptr;
     e->prim = dnnl::convolution_backward_weights(pd);
     e->scratchpad_bytes = pd.scratchpad_desc().get_size();
     e->a = dnnl::memory(src, s.engine, DNNL_MEMORY_NONE);
     e->b = dnnl::memory(dst, s.engine, DNNL_MEMORY_NONE);
-    e->c = dnnl::memory(wei, s.engine, DNNL_MEMORY_NONE);
+    e->c = weights_memory(*e, pd.diff_weights_desc(), g, false, s);
     e->args = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_DIFF_DST, e->b}, {DNNL_ARG_DIFF_WEIGHTS, e->c}};
   }
   return e;
@@ -216,18 +237,27 @@ bool execute(Direction dir, const OnednnConv& g, const void* a, const void* b, v
         dnnl::memory::desc(dims{static_cast<int64_t>(s.scratchpad_capacity)}, dt::u8, tag::x),
         s.engine, s.scratchpad.data());
   }
+  // The weights are b (forward, backward data) or c (backward weights); they go through
+  // user_weights, which is the argument itself when no reorder is needed.
   e->a.set_data_handle(const_cast<void*>(a));
-  e->b.set_data_handle(const_cast<void*>(b));
-  e->c.set_data_handle(c);
+  if (dir == kBackwardWeights) {
+    e->b.set_data_handle(const_cast<void*>(b));
+    e->user_weights.set_data_handle(c);
+  } else {
+    e->user_weights.set_data_handle(const_cast<void*>(b));
+    e->c.set_data_handle(c);
+  }
   if (bias != nullptr) e->d.set_data_handle(const_cast<void*>(bias));
   if (e->scratchpad_bytes > 0) {
     e->args[DNNL_ARG_SCRATCHPAD] = s.scratchpad_memory;
   } else {
     e->args.erase(DNNL_ARG_SCRATCHPAD);
   }
+  if (e->reorder_before) e->weights_reorder.execute(s.stream, e->user_weights, e->blocked_weights);
   e->prim.execute(s.stream, e->args);
+  if (e->reorder_after) e->weights_reorder.execute(s.stream, e->blocked_weights, e->user_weights);
   s.stream.wait();
-  onednn_executions.fetch_add(1, std::memory_order_relaxed);
+  fast_calls.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

@@ -56,12 +56,14 @@ int64_t conv_transpose_output_size(int64_t in, int64_t kernel, int64_t stride, i
                                    Padding p);
 
 // The convolution kernels' backend: oneDNN (the default; shapes it does not take fall back to
-// im2col) or im2col + OpenBLAS. Initially from DTRAIN_CONV ("im2col" or "onednn"); process-wide.
+// im2col) or im2col + OpenBLAS. Initially from
+// DTRAIN_CONV ("im2col" or "onednn"); process-wide.
 enum class ConvBackend { kOnednn, kIm2col };
 void set_conv_backend(ConvBackend b);
 ConvBackend conv_backend();
-// How many convolution calls oneDNN has executed in this process (for tests and benchmarks).
-int64_t onednn_conv_executions();
+// How many convolution calls oneDNN has taken in this process, rather than im2col (for tests
+// and benchmarks).
+int64_t fast_conv_calls();
 
 // Moves the channel axis: [n, c, d1, ...] → [n, d1, ..., c] and back (rank ≥ 3).
 Tensor to_channels_last(const Tensor& x);

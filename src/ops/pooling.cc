@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <vector>
 
 #include "dtrain/core/error.h"
 
@@ -92,15 +91,6 @@ Tensor pool2d_backward(PoolKind kind, const Tensor& x, const Tensor& dy, const P
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  // Per-channel running maxima and where they are (thread_local, grown once: no heap per step).
-  thread_local std::vector<float> best_v_buffer;
-  thread_local std::vector<int64_t> best_at_buffer;
-  if (static_cast<int64_t>(best_v_buffer.size()) < g.c) {
-    best_v_buffer.resize(static_cast<size_t>(g.c));
-    best_at_buffer.resize(static_cast<size_t>(g.c));
-  }
-  float* best_v = best_v_buffer.data();
-  int64_t* best_at = best_at_buffer.data();
   for (int64_t n = 0; n < g.n; ++n) {
     const float* img = px + n * g.h * g.w * g.c;
     float* dimg = pdx + n * g.h * g.w * g.c;
@@ -109,27 +99,17 @@ Tensor pool2d_backward(PoolKind kind, const Tensor& x, const Tensor& dy, const P
         const Window win = window(g, oy, ox);
         const float* gy = pdy + ((n * g.oh + oy) * g.ow + ox) * g.c;
         if (kind == PoolKind::kMax) {
-          // One pass over the window with the channels innermost (contiguous): the first
-          // maximum of each channel wins, as a per-channel scan would pick it.
-          bool first = true;
-          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-              const int64_t base = (iy * g.w + ix) * g.c;
-              const float* src = img + base;
-              if (first) {
-                std::copy_n(src, g.c, best_v);
-                std::fill_n(best_at, g.c, base);
-                first = false;
-                continue;
-              }
-              for (int64_t c = 0; c < g.c; ++c) {
-                const bool better = src[c] > best_v[c];
-                best_v[c] = better ? src[c] : best_v[c];
-                best_at[c] = better ? base : best_at[c];
+          for (int64_t c = 0; c < g.c; ++c) {
+            int64_t best = -1;
+            float best_v = -std::numeric_limits<float>::infinity();
+            for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+              for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+                const int64_t at = (iy * g.w + ix) * g.c + c;
+                if (best < 0 || img[at] > best_v) best = at, best_v = img[at];
               }
             }
+            dimg[best] += gy[c];
           }
-          for (int64_t c = 0; c < g.c; ++c) dimg[best_at[c] + c] += gy[c];
         } else {
           const float inv = 1.0f / static_cast<float>((win.y1 - win.y0) * (win.x1 - win.x0));
           for (int64_t iy = win.y0; iy < win.y1; ++iy) {

@@ -2,9 +2,9 @@
 // 64, one thread, timed side by side in one process: dtrain's im2col + OpenBLAS kernels
 // (ops/convolution.h) against oneDNN 2.x (libdnnl-dev) primitives on the same NHWC/HWIO
 // layouts, and on oneDNN's own blocked layouts (format_tag::any, reorders not counted: its
-// best case). Forward, backward-data and backward-weights: thread CPU time per call, best of
-// `rounds` rounds of `reps` calls.
-// Run with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: bench_conv_kernels [reps] [rounds]
+// best case), and dtrain's default backend (ops::ConvBackend::kOnednn) as dtrain_fast. Forward,
+// backward-data and backward-weights: thread CPU time per call, best of `rounds` rounds of `reps`
+// calls. Run with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: bench_conv_kernels [reps] [rounds]
 #include <time.h>
 
 #include <algorithm>
@@ -65,7 +65,10 @@ void run(const Layer& l, bool any_layout, int reps, int rounds) {
   auto md = [&](const dnnl::memory::dims& d, tag t) {
     return dnnl::memory::desc(d, dt::f32, any_layout ? tag::any : t);
   };
-  const auto src_md = md(src_d, tag::nhwc), wei_md = md(wei_d, tag::hwio),
+  const bool any_weights = std::getenv("CONV_ANY_WEIGHTS") != nullptr;
+  const auto src_md = md(src_d, tag::nhwc),
+             wei_md =
+                 any_weights ? dnnl::memory::desc(wei_d, dt::f32, tag::any) : md(wei_d, tag::hwio),
              dst_md = md(dst_d, tag::nhwc);
   const auto bia_md = dnnl::memory::desc(bia_d, dt::f32, tag::x);
   dnnl::convolution_forward::primitive_desc fwd_pd(
@@ -118,11 +121,16 @@ void run(const Layer& l, bool any_layout, int reps, int rounds) {
         strm.wait();
       },
       reps, rounds);
+  std::printf("%s onednn_%s implementations %s / %s / %s\n", l.name,
+              any_layout ? "blocked" : "nhwc", fwd_pd.impl_info_str(), bwd_d_pd.impl_info_str(),
+              bwd_w_pd.impl_info_str());
   std::printf("%s onednn_%s forward_ms %.3f backward_data_ms %.3f backward_weights_ms %.3f\n",
               l.name, any_layout ? "blocked" : "nhwc", f_ms, d_ms, w_ms);
 }
 
-void run_dtrain(const Layer& l, int reps, int rounds) {
+// dtrain's kernels on `backend` (ops::set_conv_backend: the same calls autograd makes).
+void run_dtrain(const Layer& l, ops::ConvBackend backend, int reps, int rounds) {
+  ops::set_conv_backend(backend);
   const Tensor x = random_tensor(Shape{l.n, l.h, l.w, l.c}, 1);
   const Tensor w = random_tensor(Shape{l.k, l.k, l.c, l.o}, 2);
   const Tensor b = random_tensor(Shape{l.o}, 3);
@@ -133,8 +141,8 @@ void run_dtrain(const Layer& l, int reps, int rounds) {
       best_ms([&] { (void)ops::conv2d_backward_input(dy, w, x.shape(), a); }, reps, rounds);
   const double w_ms =
       best_ms([&] { (void)ops::conv2d_backward_filter(x, dy, w.shape(), a); }, reps, rounds);
-  std::printf("%s dtrain_im2col forward_ms %.3f backward_data_ms %.3f backward_weights_ms %.3f\n",
-              l.name, f_ms, d_ms, w_ms);
+  std::printf("%s dtrain_%s forward_ms %.3f backward_data_ms %.3f backward_weights_ms %.3f\n",
+              l.name, backend == ops::ConvBackend::kIm2col ? "im2col" : "fast", f_ms, d_ms, w_ms);
 }
 
 }  // namespace
@@ -146,10 +154,12 @@ int main(int argc, char** argv) {
   const Layer layers[] = {{"conv1", 64, 28, 28, 1, 3, 32}, {"conv2", 64, 13, 13, 32, 3, 64}};
   // Interleaved, so that machine noise hits both alike.
   for (const Layer& l : layers) {
-    run_dtrain(l, reps, rounds);
+    run_dtrain(l, ops::ConvBackend::kIm2col, reps, rounds);
+    run_dtrain(l, ops::ConvBackend::kOnednn, reps, rounds);
     run(l, false, reps, rounds);
     run(l, true, reps, rounds);
-    run_dtrain(l, reps, rounds);
+    run_dtrain(l, ops::ConvBackend::kOnednn, reps, rounds);
+    run_dtrain(l, ops::ConvBackend::kIm2col, reps, rounds);
   }
   return 0;
 }

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
-  libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libdnnl-dev
   libleveldb-dev libsnappy-dev libhdf5-dev libzip-dev
   libgloo-dev libhiredis-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   redis-server iproute2

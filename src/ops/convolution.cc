@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "convolution_onednn.h"
 #include "dtrain/core/error.h"
 #include "dtrain/ops/gemm.h"
 
@@ -178,6 +179,28 @@ void col2im(const float* col, const Geometry& g, int64_t n0, int64_t images, flo
   }
 }
 
+// oneDNN's view of g (null when the oneDNN backend is off).
+bool onednn_view(const Geometry& g, detail::OnednnConv* d) {
+  if (!detail::onednn_enabled()) return false;
+  *d = detail::OnednnConv{.n = g.n,
+                          .h = g.h,
+                          .w = g.w,
+                          .c = g.c,
+                          .oh = g.oh,
+                          .ow = g.ow,
+                          .o = g.o,
+                          .kh = g.kh,
+                          .kw = g.kw,
+                          .groups = g.groups,
+                          .sh = g.sh,
+                          .sw = g.sw,
+                          .dh = g.dh,
+                          .dw = g.dw,
+                          .pt = g.pt,
+                          .pl = g.pl};
+  return true;
+}
+
 void check_float(const Tensor& t, const char* op, const char* what) {
   DTRAIN_CHECK(t.defined() && t.dtype() == DType::kFloat32, op, ": ", what,
                " must be a float32 tensor");
@@ -197,6 +220,13 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2D
     check_float(bias, op, "bias");
     DTRAIN_CHECK(bias.num_elements() == g.o, op, ": bias ", bias.shape().to_string(),
                  " does not match ", g.o, " filters");
+  }
+  detail::OnednnConv d;
+  if (onednn_view(g, &d)) {
+    const float* pb = bias.defined() ? bias.data<float>() : nullptr;
+    if (detail::onednn_conv2d(d, x.data<float>(), w.data<float>(), pb, py)) return y;
+  }
+  if (bias.defined()) {
     const float* pb = bias.data<float>();
     for (int64_t r = 0; r < m_total; ++r) std::copy_n(pb, g.o, py + r * g.o);
   }
@@ -233,6 +263,14 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_s
   DTRAIN_CHECK(dy.shape() == (Shape{g.n, g.oh, g.ow, g.o}), op, ": gradient ",
                dy.shape().to_string(), " does not match the output [", g.n, ", ", g.oh, ", ", g.ow,
                ", ", g.o, "]");
+  detail::OnednnConv d;
+  if (onednn_view(g, &d)) {
+    Tensor out(x_shape);
+    if (detail::onednn_conv2d_backward_input(d, dy.data<float>(), w.data<float>(),
+                                             out.data<float>())) {
+      return out;
+    }
+  }
   Tensor dx = Tensor::zeros(x_shape);
   float* pdx = dx.data<float>();
   const float* pdy = dy.data<float>();
@@ -272,6 +310,12 @@ Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_
                ", ", g.o, "]");
   Tensor dw(w_shape);
   float* pdw = dw.data<float>();
+  detail::OnednnConv d;
+  if (onednn_view(g, &d)) {
+    if (detail::onednn_conv2d_backward_filter(d, x.data<float>(), dy.data<float>(), pdw)) {
+      return dw;
+    }
+  }
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   const int64_t chunk = chunk_images(g);

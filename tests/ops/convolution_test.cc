@@ -176,7 +176,10 @@ TEST(Conv2DKernel, SubnormalInputsFlushUnderFtz) {
   EXPECT_TRUE(pool2d(PoolKind::kAverage, x, p).equals(pool2d(PoolKind::kAverage, x_zeroed, p)));
 }
 
+// The im2col backend touches no heap at all once warm; oneDNN's execute() allocates a small
+// argument map per call (convolution_onednn_test checks that nothing accumulates).
 TEST(Conv2DKernel, SteadyStateAllocatesNoHeap) {
+  set_conv_backend(ConvBackend::kIm2col);
   const Case& c = kCases[2];
   const Tensor x = random_tensor(c.x, 31), w = random_tensor(c.w, 32);
   const Tensor b = random_tensor(Shape{c.w[3]}, 33);
@@ -191,6 +194,7 @@ TEST(Conv2DKernel, SteadyStateAllocatesNoHeap) {
   for (int i = 0; i < 5; ++i) step();
   EXPECT_EQ(testutil::new_calls() - news0, 0);
   EXPECT_EQ(allocator_stats().system_allocations - system0, 0u);
+  set_conv_backend(ConvBackend::kOnednn);
 }
 
 TEST(Conv2DKernel, BadInputsNameTheProblem) {
@@ -239,6 +243,40 @@ TEST(PoolKernel, MaxAndAverageWithTfSamePadding) {
         pool2d(PoolKind::kMax, x, {.pool = {4, 4}, .strides = {1, 1}});
       },
       {"larger than"});
+}
+
+// Max-pool backward over several channels, overlapping windows and ties (values drawn from a
+// few levels): each window's gradient goes to the first maximum of its channel, as a
+// per-channel scan in row-major window order finds it.
+TEST(PoolKernel, MaxBackwardPicksTheFirstMaximumPerChannel) {
+  Philox rng(77);
+  Tensor x(Shape{2, 7, 6, 5});
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    x.data<float>()[i] = std::floor(rng.uniform(0.0f, 3.0f));
+  }
+  const Pool2DAttrs a{.pool = {3, 3}, .strides = {2, 2}, .padding = Padding::kSame};
+  const Tensor y = pool2d(PoolKind::kMax, x, a);
+  const Tensor dy = random_tensor(y.shape(), 78);
+  const Tensor dx = pool2d_backward(PoolKind::kMax, x, dy, a);
+  std::vector<double> want(static_cast<size_t>(x.num_elements()), 0.0);
+  const int64_t h = 7, w = 6, c = 5, oh = y.dim(1), ow = y.dim(2);
+  const int64_t pt = conv_pad_before(h, 3, 2, 1, Padding::kSame);
+  const int64_t pl = conv_pad_before(w, 3, 2, 1, Padding::kSame);
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          int64_t best = -1;
+          for (int64_t iy = std::max<int64_t>(oy * 2 - pt, 0); iy < std::min(oy * 2 - pt + 3, h);
+               ++iy)
+            for (int64_t ix = std::max<int64_t>(ox * 2 - pl, 0); ix < std::min(ox * 2 - pl + 3, w);
+                 ++ix) {
+              const int64_t at = ((n * h + iy) * w + ix) * c + ch;
+              if (best < 0 || x.data<float>()[at] > x.data<float>()[best]) best = at;
+            }
+          want[static_cast<size_t>(best)] += dy.data<float>()[((n * oh + oy) * ow + ox) * c + ch];
+        }
+  expect_close(dx, want, "max pool backward");
 }
 
 TEST(PoolKernel, GlobalPools) {

@@ -1,10 +1,10 @@
 // Convolution kernels on float32 NHWC tensors (tf.nn.conv2d's default layout), without autograd:
 // forward, and the two backward products (d input, d filter) that autograd and
 // Conv2DTranspose use. Kernels are HWIO, as Keras stores them: [kh, kw, in / groups, out].
-// Implementation: im2col into a per-thread workspace that is reused across calls (no heap
-// allocation once it has grown to the largest layer) and one OpenBLAS GEMM per group (see
-// docs/decisions.md). Deterministic for a fixed BLAS thread count; correct under FTZ/DAZ.
-// Thread-safe (each thread has its own workspace).
+// Implementation: oneDNN primitives on the NHWC/HWIO buffers (cached per thread and shape), or
+// im2col into a per-thread workspace that is reused across calls and one OpenBLAS GEMM per group
+// (see docs/decisions.md); no heap allocation once warm. Deterministic for a fixed thread
+// count; correct under FTZ/DAZ. Thread-safe (each thread has its own caches and workspace).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +54,16 @@ Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_
 // output_padding): valid: (in − 1)·stride + (k − 1)·dilation + 1; same: in·stride.
 int64_t conv_transpose_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t dilation,
                                    Padding p);
+
+// The convolution kernels' backend: oneDNN (the default; shapes it does not take fall back to
+// im2col) or im2col + OpenBLAS. Initially from
+// DTRAIN_CONV ("im2col" or "onednn"); process-wide.
+enum class ConvBackend { kOnednn, kIm2col };
+void set_conv_backend(ConvBackend b);
+ConvBackend conv_backend();
+// How many convolution calls oneDNN has taken in this process, rather than im2col (for tests
+// and benchmarks).
+int64_t fast_conv_calls();
 
 // Moves the channel axis: [n, c, d1, ...] → [n, d1, ..., c] and back (rank ≥ 3).
 Tensor to_channels_last(const Tensor& x);

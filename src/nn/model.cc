@@ -43,6 +43,31 @@ std::vector<Variable*> Model::weights() {
   return out;
 }
 
+std::vector<Variable*> Model::trainable_weights() {
+  std::vector<Variable*> out;
+  if (!trainable()) return out;
+  // Layer::weights() is the model's own weights; each sub-layer answers for its part.
+  for (Variable* v : Layer::weights()) {
+    if (v->trainable()) out.push_back(v);
+  }
+  for (auto& l : layers_) {
+    for (Variable* v : l->trainable_weights()) out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<Variable*> Model::non_trainable_weights() {
+  if (!trainable()) return weights();
+  std::vector<Variable*> out;
+  for (Variable* v : Layer::weights()) {
+    if (!v->trainable()) out.push_back(v);
+  }
+  for (auto& l : layers_) {
+    for (Variable* v : l->non_trainable_weights()) out.push_back(v);
+  }
+  return out;
+}
+
 void Model::build_impl(const Shape& input_shape) {
   NoGradGuard no_grad;
   call(Tensor::zeros(input_shape.with_first(1)), false);

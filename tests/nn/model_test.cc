@@ -36,6 +36,24 @@ TEST_F(ModelTest, SequentialBuildsFromTheFirstLayersInputShape) {
   EXPECT_EQ(y.shape(), (Shape{3, 10}));
 }
 
+TEST_F(ModelTest, AFrozenSubLayersWeightsAreNotTrainable) {
+  nn::Sequential model({nn::Dense(4, {.input_shape = Shape{3}}), nn::Dense(2)});
+  model.layers()[0]->set_trainable(false);
+  const std::vector<Variable*> trainable = model.trainable_variables();
+  const std::vector<Variable*> frozen = model.non_trainable_variables();
+  ASSERT_EQ(trainable.size(), 2u);
+  EXPECT_EQ(trainable[0]->name(), model.layers()[1]->name() + "/kernel");
+  ASSERT_EQ(frozen.size(), 2u);
+  EXPECT_EQ(frozen[0]->name(), model.layers()[0]->name() + "/kernel");
+  // Freezing the model freezes everything; unfreezing a layer restores it.
+  model.set_trainable(false);
+  EXPECT_TRUE(model.trainable_variables().empty());
+  EXPECT_EQ(model.non_trainable_variables().size(), 4u);
+  model.set_trainable(true);
+  model.layers()[0]->set_trainable(true);
+  EXPECT_EQ(model.trainable_variables().size(), 4u);
+}
+
 TEST_F(ModelTest, GlorotUniformKernelsHaveKerasLimitsAndZeroBiases) {
   Dense d(128, {.input_shape = Shape{784}, .name = "d"});
   const float limit = std::sqrt(6.0f / (784 + 128));

@@ -68,8 +68,10 @@ class Layer : public std::enable_shared_from_this<Layer> {
 
   // Weights in creation order; for models, of all sub-layers in tracking order.
   virtual std::vector<Variable*> weights();
-  std::vector<Variable*> trainable_weights();
-  std::vector<Variable*> non_trainable_weights();
+  // Models also honour each sub-layer's trainable flag (a frozen layer's weights are
+  // non-trainable), as Keras does.
+  virtual std::vector<Variable*> trainable_weights();
+  virtual std::vector<Variable*> non_trainable_weights();
   int64_t count_params();
 
   bool trainable() const { return trainable_; }

@@ -79,6 +79,8 @@ class Model : public Layer {
   Layer& get_layer(const std::string& name);
 
   std::vector<Variable*> weights() override;
+  std::vector<Variable*> trainable_weights() override;
+  std::vector<Variable*> non_trainable_weights() override;
   // TF's names for the same lists.
   std::vector<Variable*> variables() { return weights(); }
   std::vector<Variable*> trainable_variables() { return trainable_weights(); }

@@ -122,4 +122,31 @@ json initializer_config(const Initializer& init) {
   return {{"class_name", init.class_name()}, {"config", json::parse(init.config_json())}};
 }
 
+std::vector<int64_t> per_axis(const std::vector<int64_t>& v, int rank, const char* what,
+                              const std::string& where) {
+  if (v.size() == 1) return std::vector<int64_t>(static_cast<size_t>(rank), v[0]);
+  DTRAIN_CHECK(v.size() == static_cast<size_t>(rank), where, ": ", what, " needs 1 or ", rank,
+               " values, got ", v.size());
+  return v;
+}
+
+bool parse_channels_first(const std::string& data_format, const std::string& where) {
+  if (data_format.empty() || data_format == "channels_last") return false;
+  if (data_format == "channels_first") return true;
+  throw InvalidArgumentError(str_cat(where, ": unknown data_format '", data_format,
+                                     "' (expected 'channels_last' or 'channels_first')"));
+}
+
+json int_list(const std::vector<int64_t>& v) {
+  json out = json::array();
+  for (int64_t x : v) out.push_back(x);
+  return out;
+}
+
+std::string batch_shape_string(const Shape& s) {
+  std::string out = "(None";
+  for (int i = 0; i < s.rank(); ++i) out += ", " + std::to_string(s[i]);
+  return out + ")";
+}
+
 }  // namespace dtrain::nn::detail

@@ -55,6 +55,16 @@ std::string initializer_json(const nlohmann::json& c, const char* key, const cha
 // ({"class_name": "GlorotUniform", "config": {"seed": 3}}), as model JSON carries it.
 std::shared_ptr<Initializer> make_initializer(const std::string& spec,
                                               std::optional<uint64_t> seed);
+// Keras's per-axis arguments: one value for every axis, or exactly `rank` values;
+// InvalidArgumentError naming `where` and `what` otherwise.
+std::vector<int64_t> per_axis(const std::vector<int64_t>& v, int rank, const char* what,
+                              const std::string& where);
+// "channels_last" (or empty) → false, "channels_first" → true; InvalidArgumentError otherwise.
+bool parse_channels_first(const std::string& data_format, const std::string& where);
+// [d1, d2, ...] as a JSON list.
+nlohmann::json int_list(const std::vector<int64_t>& v);
+// "(None, 28, 28, 1)" for a per-example shape, as Keras prints batch shapes.
+std::string batch_shape_string(const Shape& s);
 // {"class_name": ..., "config": ...} of an initializer, as Keras writes it.
 nlohmann::json initializer_config(const Initializer& init);
 

@@ -81,12 +81,6 @@ std::string group_thousands(int64_t n) {
   return s;
 }
 
-std::string shape_with_none(const Shape& s) {
-  std::string out = "(None";
-  for (int64_t d : s) out += ", " + std::to_string(d);
-  return out + ")";
-}
-
 void summary_table(std::ostream& os, const std::string& model_name,
                    const std::vector<std::shared_ptr<Layer>>& layers,
                    const std::vector<std::string>& output_shapes, int64_t total,
@@ -188,7 +182,7 @@ void Sequential::summary(std::ostream& os) const {
     if (s) s = l->compute_output_shape(*s);
     if (l->class_name() == "InputLayer") continue;  // Keras does not list it
     shown.push_back(l);
-    shapes.push_back(s ? shape_with_none(*s) : "multiple");
+    shapes.push_back(s ? detail::batch_shape_string(*s) : "multiple");
   }
   summary_table(os, name(), shown, shapes, count(self.weights()), count(self.trainable_weights()));
 }

@@ -10,20 +10,10 @@
 namespace dtrain::nn {
 
 using detail::add_batch_input_shape;
+using detail::batch_shape_string;
 using detail::make_initializer;
 using detail::name_or_default;
 using nlohmann::json;
-
-namespace {
-
-// "(None, 28, 28, 1)" for a per-example shape, as Keras prints batch shapes.
-std::string batch_shape_string(const Shape& s) {
-  std::string out = "(None";
-  for (int i = 0; i < s.rank(); ++i) out += ", " + std::to_string(s[i]);
-  return out + ")";
-}
-
-}  // namespace
 
 BatchNormalization::BatchNormalization(BatchNormalizationOptions options)
     : Layer(name_or_default(options.name, "batch_normalization")),

@@ -8,32 +8,10 @@
 
 namespace dtrain::nn {
 
+using detail::int_list;
+using detail::parse_channels_first;
+using detail::per_axis;
 using nlohmann::json;
-
-namespace {
-
-std::vector<int64_t> per_axis(const std::vector<int64_t>& v, int rank, const char* what,
-                              const std::string& where) {
-  if (v.size() == 1) return std::vector<int64_t>(static_cast<size_t>(rank), v[0]);
-  DTRAIN_CHECK(v.size() == static_cast<size_t>(rank), where, ": ", what, " needs 1 or ", rank,
-               " values, got ", v.size());
-  return v;
-}
-
-bool parse_channels_first(const std::string& data_format, const std::string& where) {
-  if (data_format.empty() || data_format == "channels_last") return false;
-  if (data_format == "channels_first") return true;
-  throw InvalidArgumentError(str_cat(where, ": unknown data_format '", data_format,
-                                     "' (expected 'channels_last' or 'channels_first')"));
-}
-
-json int_list(const std::vector<int64_t>& v) {
-  json out = json::array();
-  for (int64_t x : v) out.push_back(x);
-  return out;
-}
-
-}  // namespace
 
 BasePool::BasePool(ops::PoolKind kind, int rank, const PoolOptions& options,
                    const char* default_name, const char* class_name)

@@ -12,16 +12,11 @@
 namespace dtrain::nn {
 
 using detail::add_batch_input_shape;
+using detail::batch_shape_string;
 using detail::name_or_default;
 using nlohmann::json;
 
 namespace {
-
-std::string batch_shape_string(const Shape& s) {
-  std::string out = "(None";
-  for (int i = 0; i < s.rank(); ++i) out += ", " + std::to_string(s[i]);
-  return out + ")";
-}
 
 // The rows and cols axes of a per-example image shape (without the batch).
 std::pair<int, int> spatial_axes(DataFormat f) {

@@ -208,14 +208,9 @@ std::optional<ParameterServerCheckpoint> ParameterServerStrategy::restore_latest
 }
 
 void ParameterServerStrategy::confirm_registered(const std::vector<uint64_t>& incarnations) {
-  for (size_t i = 0; i < impl_->ps.size(); ++i) {
-    pb::StatusRequest req;
-    pb::StatusResponse r;
-    impl_->call(i, "status", options_.rpc_timeout,
-                [&](grpc::ClientContext* c, pb::ParameterServer::Stub* s) {
-                  return s->Status(c, req, &r);
-                });
-    if (!r.initialized() || r.incarnation() != incarnations[i]) {
+  const std::vector<ParameterServerStats> stats = server_stats();
+  for (size_t i = 0; i < stats.size(); ++i) {
+    if (!stats[i].initialized || stats[i].incarnation != incarnations[i]) {
       throw UnavailableError(
           str_cat(impl_->ps_names[i], " restarted while the chief was restoring it"));
     }

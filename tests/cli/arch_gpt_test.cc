@@ -54,6 +54,26 @@ TEST(ArchGpt, MirroredReplicasWithCheckpoints) {
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt/checkpoint")) << fit.output;
 }
 
+// Under dtrain launch: two MultiWorkerMirrored workers (Gloo on 127.0.0.1) with dropout and
+// backups, and a parameter-server job (one server, two workers, the chief).
+TEST(ArchGpt, MultiWorkerAndParameterServerJobs) {
+  dtrain::testutil::TempDir dir("arch_gpt_launch");
+  const std::string corpus = write_corpus(dir.path());
+  const std::string dtrain = std::string(DTRAIN_BINARY_DIR) + "/dtrain";
+  auto r = run_dtrain("launch --nproc-per-node 2 -- " + dtrain + " fit --strategy multi-worker " +
+                      "--arch gpt --corpus " + corpus + kTiny + " --dropout 0.1 --checkpoint-dir " +
+                      dir.path() + "/mw --checkpoint-every 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "2 replicas in sync (2 workers x 1 local)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "val_loss")) << r.output;
+  r = run_dtrain("launch --ps 1 --workers 2 -- " + dtrain + " fit --strategy parameter-server " +
+                 "--arch gpt --corpus " + corpus + kTiny + " --checkpoint-dir " + dir.path() +
+                 "/ps");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "closures on 2 workers")) << r.output;
+  EXPECT_TRUE(contains(r.output, "test_loss")) << r.output;
+}
+
 TEST(ArchGpt, BadCorporaAndSentencePieceAreRefused) {
   dtrain::testutil::TempDir dir("arch_gpt_bad");
   const std::string corpus = write_corpus(dir.path());

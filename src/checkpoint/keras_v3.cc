@@ -196,6 +196,12 @@ std::string build_weights_image(const std::string& path, const KerasV3Contents& 
 }
 
 void validate(const std::string& path, const KerasV3Contents& c) {
+  std::set<std::string> assets;
+  for (const KerasV3Asset& a : c.assets) {
+    DTRAIN_CHECK(!a.path.empty() && a.path.front() != '/' && a.path.back() != '/' &&
+                     a.path.find("..") == std::string::npos && assets.insert(a.path).second,
+                 "write_keras_v3: ", path, ": bad or repeated asset path '", a.path, "'");
+  }
   std::set<std::string> seen;
   for (const KerasV3Vars& v : c.vars) {
     DTRAIN_CHECK(seen.insert(v.path).second, "write_keras_v3: ", path, ": two vars groups at '",
@@ -332,6 +338,11 @@ KerasV3Contents read_keras_v3(const std::string& path) {
   if (zip.has(kMetadataName)) c.metadata_json = zip.read(kMetadataName);
   c.config_json = zip.read(kConfigName);
   c.vars = read_vars(str_cat(path, ": ", kWeightsName), zip.read(kWeightsName));
+  for (const std::string& n : zip.names()) {
+    if (n.size() > 7 && n.compare(0, 7, "assets/") == 0 && n.back() != '/') {
+      c.assets.push_back({n.substr(7), zip.read(n)});
+    }
+  }
   return c;
 }
 
@@ -374,9 +385,17 @@ void write_keras_v3(const std::string& path, const KerasV3Contents& contents) {
   epoch.tm_isdst = -1;
   const time_t t1980 = std::mktime(&epoch);
   const time_t now = std::time(nullptr);
-  const std::string archive = build_zip(path, {{kMetadataName, &contents.metadata_json, t1980},
-                                               {kConfigName, &contents.config_json, t1980},
-                                               {kWeightsName, &weights, now}});
+  std::vector<std::tuple<const char*, const std::string*, time_t>> members = {
+      {kMetadataName, &contents.metadata_json, t1980},
+      {kConfigName, &contents.config_json, t1980},
+      {kWeightsName, &weights, now}};
+  std::vector<std::string> asset_names;
+  asset_names.reserve(contents.assets.size());
+  for (const KerasV3Asset& a : contents.assets) asset_names.push_back("assets/" + a.path);
+  for (size_t i = 0; i < contents.assets.size(); ++i) {
+    members.emplace_back(asset_names[i].c_str(), &contents.assets[i].bytes, t1980);
+  }
+  const std::string archive = build_zip(path, members);
   write_file_atomically(path, archive);
 }
 

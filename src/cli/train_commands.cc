@@ -28,6 +28,7 @@
 #include "dtrain/train/backup_and_restore.h"
 #include "dtrain/train/saving.h"
 #include "dtrain/train/training.h"
+#include "language_model.h"
 
 namespace dtrain::cli {
 namespace {
@@ -166,9 +167,10 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--arch", f.arch,
                   "Built-in model when --model is not given: mlp, or cnn (Conv2D(32,3,relu) -> "
                   "MaxPooling2D -> Conv2D(64,3,relu) -> MaxPooling2D -> Flatten -> "
-                  "Dense(128,relu) -> Dense(classes); images get a channel axis)")
+                  "Dense(128,relu) -> Dense(classes); images get a channel axis), or gpt (a "
+                  "decoder language model on a text corpus: --corpus, --context, --layers, ...)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"mlp", "cnn"}));
+      ->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
   cmd->add_option("--hidden", f.hidden, "Units of the default MLP's hidden layer")
       ->capture_default_str()
       ->check(int_at_least(1));
@@ -393,6 +395,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
   static DataFlags data_flags;
   static ModelFlags model_flags;
   static TrainFlags train_flags;
+  static LmFlags lm_flags;
   static std::string predict_out;
   static int64_t predict_count = 10;
 
@@ -456,6 +459,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       ->check(int_at_least(0));
   fit->add_option("--logdir", train_flags.logdir,
                   "Write TensorBoard event files here (train/ and validation/ runs)");
+  add_lm_flags(fit, lm_flags);
   fit->add_option("--save", train_flags.save,
                   "Save the trained model (architecture, weights, optimizer) to this .h5 (Keras "
                   "2's HDF5 layout) or .keras (Keras 3's zip) file");
@@ -468,9 +472,30 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       if (strategy) scope.emplace(strategy.get());
       const bool chief = !strategy || strategy->is_chief();
       if (!chief) train_flags.verbose = 0;  // the chief reports for everyone
-      Data d = load_data(data_flags, true);
-      auto model = make_model(model_flags, d);
-      shape_inputs_for(*model, d);
+      // --arch gpt: next-token windows of a text corpus, validated on its held-out end.
+      const bool lm = model_flags.arch == "gpt" && model_flags.model.empty();
+      std::optional<LmData> text;
+      Data d;
+      std::unique_ptr<nn::Model> model;
+      if (lm) {
+        text = load_lm_data(lm_flags);
+        d.train = {text->x_train, text->y_train};
+        d.test = {text->x_val, text->y_val};
+        model = make_gpt(lm_flags, text->tokenizer->vocab_size());
+        if (chief) {
+          std::printf(
+              "corpus: %lld training and %lld validation windows of %lld tokens, "
+              "vocabulary %lld\n",
+              static_cast<long long>(d.train.x.dim(0)),
+              static_cast<long long>(d.test.x.defined() ? d.test.x.dim(0) : 0),
+              static_cast<long long>(lm_flags.context),
+              static_cast<long long>(text->tokenizer->vocab_size()));
+        }
+      } else {
+        d = load_data(data_flags, true);
+        model = make_model(model_flags, d);
+        shape_inputs_for(*model, d);
+      }
       compile(*model, train_flags);
       if (train_flags.verbose != 0) model->summary();
       if (strategy && chief && train_flags.strategy != "parameter-server") {
@@ -506,7 +531,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                                            .enable_async = train_flags.async_checkpoint,
                                            .restore = train_flags.resume}));
       }
-      if (train_flags.validate && d.test.x.defined()) {
+      if ((train_flags.validate || lm) && d.test.x.defined()) {
         opts.validation_data = train::ValidationData(std::make_pair(d.test.x, d.test.y));
       }
       const auto start = std::chrono::steady_clock::now();
@@ -522,7 +547,9 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
         if (chief) print_logs("test", test);
       }
       if (!train_flags.save.empty() && chief) {
-        model->save(train_flags.save);
+        // A language model carries its tokenizer (train::load_tokenizer reads it back).
+        train::save_model(*model, train_flags.save,
+                          {.tokenizer = text ? text->tokenizer.get() : nullptr});
         std::printf("saved %s\n", train_flags.save.c_str());
       }
       return 0;

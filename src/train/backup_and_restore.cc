@@ -10,6 +10,7 @@
 #include "dtrain/checkpoint/checkpoint_manager.h"
 #include "dtrain/distribute/coordination.h"
 #include "dtrain/distribute/launcher_env.h"
+#include "dtrain/nn/attention.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/preemption.h"
@@ -37,6 +38,24 @@ struct BackupAndRestore::State {
   bool writer = true;
 };
 
+namespace {
+
+// Every Dropout whose RNG state a resumed run needs: the model's own, those of nested models
+// (a TransformerBlock's) and MultiHeadAttention's inner one, depth first in tracking order.
+void collect_dropouts(nn::Model& model, std::vector<nn::Dropout*>& out) {
+  for (const auto& layer : model.layers()) {
+    if (auto* d = dynamic_cast<nn::Dropout*>(layer.get())) {
+      out.push_back(d);
+    } else if (auto* mha = dynamic_cast<nn::MultiHeadAttention*>(layer.get())) {
+      if (mha->dropout_layer().rate() > 0.0f) out.push_back(&mha->dropout_layer());
+    } else if (auto* sub = dynamic_cast<nn::Model*>(layer.get())) {
+      collect_dropouts(*sub, out);
+    }
+  }
+}
+
+}  // namespace
+
 BackupAndRestore::BackupAndRestore(std::string backup_dir, BackupAndRestoreOptions options)
     : dir_(std::move(backup_dir)), options_(options) {
   DTRAIN_CHECK(!dir_.empty(), "BackupAndRestore: backup_dir is empty");
@@ -54,9 +73,7 @@ void BackupAndRestore::attach() {
                "' must be compiled before fit()");
   state_ = std::make_unique<State>();
   State& st = *state_;
-  for (const auto& layer : m.layers()) {
-    if (auto* d = dynamic_cast<nn::Dropout*>(layer.get())) st.dropouts.push_back(d);
-  }
+  collect_dropouts(m, st.dropouts);
   st.dropout_rngs.resize(st.dropouts.size());
   st.metrics.push_back(&ts->loss_tracker);
   for (const auto& metric : ts->metrics) st.metrics.push_back(metric.get());

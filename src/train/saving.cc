@@ -13,6 +13,7 @@
 #include "dtrain/checkpoint/keras_h5.h"
 #include "dtrain/checkpoint/keras_v3.h"
 #include "dtrain/core/error.h"
+#include "dtrain/data/tokenizer.h"
 #include "dtrain/nn/functional.h"
 #include "dtrain/train/training.h"
 #include "saving_internal.h"
@@ -422,6 +423,16 @@ void save_model(nn::Model& model, const std::string& path, const SaveModelOption
   json config = json::parse(model.to_json());  // UnimplementedError for subclassed models
   config.erase("keras_version");  // model.to_json() has them; an .h5 model_config does not
   config.erase("backend");
+  if (options.tokenizer != nullptr) {
+    try {
+      config["dtrain_tokenizer"] = json::parse(options.tokenizer->to_bytes());
+    } catch (const json::exception& e) {
+      throw InvalidArgumentError(str_cat("save: '", path,
+                                         "': the tokenizer does not serialize to "
+                                         "JSON: ",
+                                         e.what()));
+    }
+  }
   ck::KerasH5Contents c = weights_contents(model);
   c.weights_only = false;
   c.model_config = config.dump();
@@ -489,6 +500,33 @@ std::unique_ptr<nn::Model> load_model(const std::string& path, const LoadModelOp
     }
   }
   return model;
+}
+
+std::unique_ptr<data::Tokenizer> load_tokenizer(const std::string& path) {
+  if (ck::is_zip_file(path) || (ck::is_keras_v3_path(path) && !ck::is_hdf5_file(path))) {
+    const ck::KerasV3Contents c = ck::read_keras_v3(path);
+    for (const ck::KerasV3Asset& a : c.assets) {
+      if (a.path == kTokenizerAsset) return data::tokenizer_from_bytes(a.bytes);
+    }
+    throw NotFoundError(str_cat("load_tokenizer: ", path, ": the archive has no assets/",
+                                kTokenizerAsset, " (the model was saved without a tokenizer)"));
+  }
+  const ck::KerasH5Contents c = ck::read_keras_h5(path);  // NotFoundError, DataLossError
+  json config;
+  if (!c.model_config.empty()) {
+    try {
+      config = json::parse(c.model_config);
+    } catch (const json::exception& e) {
+      throw DataLossError(
+          str_cat("load_tokenizer: ", path, ": model_config is not JSON: ", e.what()));
+    }
+  }
+  if (!config.is_object() || !config.contains("dtrain_tokenizer")) {
+    throw NotFoundError(str_cat("load_tokenizer: ", path,
+                                ": model_config has no dtrain_tokenizer (the model was saved "
+                                "without a tokenizer)"));
+  }
+  return data::tokenizer_from_bytes(config["dtrain_tokenizer"].dump());
 }
 
 void save_weights(nn::Model& model, const std::string& path) {

@@ -16,6 +16,9 @@
 
 namespace dtrain::train::detail {
 
+// Where a tokenizer saved with the model lives in a .keras archive (under assets/).
+inline constexpr const char* kTokenizerAsset = "tokenizer/tokenizer.json";
+
 void warn(const std::string& message);
 // FailedPreconditionError naming `fn` unless the model is built.
 void check_built(nn::Model& model, const char* fn);

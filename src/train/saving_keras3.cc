@@ -13,6 +13,8 @@
 
 #include "dtrain/checkpoint/keras_v3.h"
 #include "dtrain/core/error.h"
+#include "dtrain/data/tokenizer.h"
+#include "dtrain/nn/transformer.h"
 #include "saving_internal.h"
 #include "training_state.h"
 
@@ -165,6 +167,18 @@ ordered_json keras3_model_config(nn::Sequential& model, bool archive) {
     j["registered_name"] = nullptr;
     j["build_config"] = {{"input_shape", batch_shape(input)}};
   }
+  return j;
+}
+
+// A dtrain subclassed model (GPT) as Keras 3 serializes a registered custom class: module
+// "dtrain", registered_name "dtrain>GPT", its get_config() in the Keras 3 dialect.
+ordered_json keras3_registered_config(nn::GPT& model) {
+  ordered_json j;
+  j["module"] = "dtrain";
+  j["class_name"] = model.class_name();
+  j["config"] = keras3_layer_config(model);
+  j["registered_name"] = "dtrain>" + model.class_name();
+  j["build_config"] = {{"input_shape", batch_shape(Shape{model.config().context})}};
   return j;
 }
 
@@ -445,8 +459,10 @@ std::string restore_keras3_optimizer_state(optim::Optimizer& opt,
 
 void save_keras3_archive(nn::Model& model, const std::string& path, const SaveModelOptions& o) {
   check_built(model, "save");
-  nn::Sequential& seq = keras3_sequential(model, "save");
-  ordered_json config = keras3_model_config(seq, /*archive=*/true);
+  auto* gpt = dynamic_cast<nn::GPT*>(&model);
+  ordered_json config =
+      gpt != nullptr ? keras3_registered_config(*gpt)
+                     : keras3_model_config(keras3_sequential(model, "save"), /*archive=*/true);
   TrainingState* state = find_state(model);
   const bool with_optimizer =
       o.include_optimizer && state != nullptr && state->optimizer && state->loss;
@@ -486,6 +502,7 @@ void save_keras3_archive(nn::Model& model, const std::string& path, const SaveMo
     }
     c.vars.push_back(std::move(ov));
   }
+  if (o.tokenizer != nullptr) c.assets.push_back({kTokenizerAsset, o.tokenizer->to_bytes()});
   ck::write_keras_v3(path, c);
 }
 
@@ -544,7 +561,7 @@ std::unique_ptr<nn::Model> load_keras3_archive(const std::string& path,
                "load_model: ", path,
                ": config.json is not a serialized Keras model ({\"class_name\", \"config\", ...})");
   const std::string cls = config["class_name"].get<std::string>();
-  if (cls != "Sequential") {
+  if (cls != "Sequential" && cls != "GPT") {
     throw UnimplementedError(str_cat("load_model: ", path, ": config.json holds a ", cls,
                                      " model; dtrain loads Sequential models from .keras files "
                                      "(Functional and subclassed models are not supported yet)"));

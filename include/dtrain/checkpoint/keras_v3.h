@@ -24,12 +24,21 @@ struct KerasV3Vars {
   std::vector<Tensor> values = {};  // datasets "0", "1", ... in index order
 };
 
+// A file of the archive's assets/ directory (Keras 3's saving_lib keeps what save_assets writes
+// there, e.g. a tokenizer's vocabulary).
+struct KerasV3Asset {
+  std::string path;  // relative to assets/, e.g. "tokenizer/tokenizer.json"
+  std::string bytes = {};
+};
+
 struct KerasV3Contents {
   std::string metadata_json = {};  // metadata.json, verbatim
   std::string config_json = {};    // config.json, verbatim
   // Every "<path>/vars" group of model.weights.h5; reading returns them sorted by path, writing
   // creates them in this order (groups without values are written too, as Keras does).
   std::vector<KerasV3Vars> vars = {};
+  // Every member under assets/ (read in archive order; written after model.weights.h5).
+  std::vector<KerasV3Asset> assets = {};
 
   // The vars group at `path`, or nullptr.
   const KerasV3Vars* find(std::string_view path) const;

@@ -20,6 +20,10 @@
 
 #include "dtrain/nn/model.h"
 
+namespace dtrain::data {
+class Tokenizer;
+}
+
 namespace dtrain::train {
 
 // Which Keras writes the file (docs/keras-files.md).
@@ -36,6 +40,11 @@ struct SaveModelOptions {
   // Write h5py 2.x's fixed-length strings instead of h5py 3's variable-length ones (for tools
   // built on old h5py; Keras reads both).
   bool fixed_length_strings = false;
+  // A tokenizer saved with the model (not owned; must outlive the call): in a .keras archive as
+  // assets/tokenizer/tokenizer.json (Keras 3 keeps tokenizer vocabularies under assets/), in a
+  // Keras 2 .h5 as the key "dtrain_tokenizer" of the root model_config JSON (Keras ignores
+  // keys it does not know). Either holds Tokenizer::to_bytes(). load_tokenizer reads it back.
+  const data::Tokenizer* tokenizer = nullptr;
 };
 
 // Writes `model` to `path` (".h5", ".hdf5" or ".keras"). ".h5"/".hdf5" get the layout of Keras
@@ -50,6 +59,12 @@ struct SaveModelOptions {
 // not been built, InvalidArgumentError for kKeras3Zip with a path not ending in ".keras", and
 // what checkpoint::write_keras_h5 / write_keras_v3 throw for I/O failures.
 void save_model(nn::Model& model, const std::string& path, const SaveModelOptions& options = {});
+
+// The tokenizer saved with the model at `path` (SaveModelOptions::tokenizer), a .keras archive or
+// an .h5 file. Throws NotFoundError naming the path when the file is missing or holds no
+// tokenizer, DataLossError for a corrupt file or tokenizer, UnimplementedError for a
+// SentencePiece tokenizer in a binary without dtrain_sentencepiece.
+std::unique_ptr<data::Tokenizer> load_tokenizer(const std::string& path);
 
 struct LoadModelOptions {
   // Recompile with the saved loss, metrics and optimizer and restore the optimizer's state. When

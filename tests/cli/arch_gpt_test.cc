@@ -1,0 +1,104 @@
+// dtrain fit --arch gpt, run as a user would: a tiny GPT trains on a text corpus with a
+// validation split, under one device and under mirrored replicas with checkpoints, and saves a
+// .keras that carries its tokenizer; bad corpora and --tokenizer sentencepiece are refused
+// with clear messages.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "testutil/run_dtrain.h"
+#include "testutil/temp_dir.h"
+
+namespace {
+
+using dtrain::testutil::contains;
+using dtrain::testutil::run_dtrain;
+
+std::string write_corpus(const std::string& dir) {
+  const std::string path = dir + "/corpus.txt";
+  std::ofstream out(path);
+  for (int i = 0; i < 200; ++i) out << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  return path;
+}
+
+const std::string kTiny =
+    " --context 16 --layers 1 --d-model 16 --heads 2 --batch-size 8 --epochs 1 "
+    "--steps-per-epoch 3 --seed 1 --verbose 2";
+
+TEST(ArchGpt, FitsWithValidationAndSavesTheTokenizer) {
+  dtrain::testutil::TempDir dir("arch_gpt");
+  const std::string corpus = write_corpus(dir.path());
+  const std::string keras = dir.path() + "/lm.keras";
+  const auto fit = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny + " --dropout 0.1 " +
+                              "--optimizer adamw --save " + keras);
+  ASSERT_EQ(fit.code, 0) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "vocabulary 38")) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "val_loss")) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "block_0 (TransformerBlock)")) << fit.output;
+  ASSERT_TRUE(std::filesystem::exists(keras));
+  // The archive holds the tokenizer under assets/ (unzip -l lists members).
+  const auto list = dtrain::testutil::run_shell("unzip -l " + keras);
+  EXPECT_TRUE(contains(list.output, "assets/tokenizer/tokenizer.json")) << list.output;
+}
+
+TEST(ArchGpt, MirroredReplicasWithCheckpoints) {
+  dtrain::testutil::TempDir dir("arch_gpt_mirrored");
+  const std::string corpus = write_corpus(dir.path());
+  const auto fit = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny +
+                              " --strategy mirrored --replicas 2 " + "--checkpoint-dir " +
+                              dir.path() + "/ckpt --checkpoint-every 2");
+  ASSERT_EQ(fit.code, 0) << fit.output;
+  EXPECT_TRUE(contains(fit.output, "2 replicas in sync")) << fit.output;
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ckpt/checkpoint")) << fit.output;
+}
+
+// Under dtrain launch: two MultiWorkerMirrored workers (Gloo on 127.0.0.1) with dropout and
+// backups, and a parameter-server job (one server, two workers, the chief).
+TEST(ArchGpt, MultiWorkerAndParameterServerJobs) {
+  dtrain::testutil::TempDir dir("arch_gpt_launch");
+  const std::string corpus = write_corpus(dir.path());
+  const std::string dtrain = std::string(DTRAIN_BINARY_DIR) + "/dtrain";
+  auto r = run_dtrain("launch --nproc-per-node 2 -- " + dtrain + " fit --strategy multi-worker " +
+                      "--arch gpt --corpus " + corpus + kTiny + " --dropout 0.1 --checkpoint-dir " +
+                      dir.path() + "/mw --checkpoint-every 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "2 replicas in sync (2 workers x 1 local)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "val_loss")) << r.output;
+  r = run_dtrain("launch --ps 1 --workers 2 -- " + dtrain + " fit --strategy parameter-server " +
+                 "--arch gpt --corpus " + corpus + kTiny + " --checkpoint-dir " + dir.path() +
+                 "/ps");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "closures on 2 workers")) << r.output;
+  EXPECT_TRUE(contains(r.output, "test_loss")) << r.output;
+}
+
+TEST(ArchGpt, BadCorporaAndSentencePieceAreRefused) {
+  dtrain::testutil::TempDir dir("arch_gpt_bad");
+  const std::string corpus = write_corpus(dir.path());
+  auto r = run_dtrain("fit --arch gpt --corpus " + corpus + " --tokenizer sentencepiece");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "gRPC")) << r.output;
+  const std::string empty = dir.path() + "/empty.txt";
+  std::ofstream(empty).close();
+  r = run_dtrain("fit --arch gpt --corpus " + empty);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "empty")) << r.output;
+  const std::string binary = dir.path() + "/binary.bin";
+  {
+    std::ofstream out(binary, std::ios::binary);
+    out << std::string("ab\0\xff\xfe", 5);
+  }
+  r = run_dtrain("fit --arch gpt --corpus " + binary);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, binary)) << r.output;
+  r = run_dtrain("fit --arch gpt --corpus " + dir.path() + "/missing.txt");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "missing.txt")) << r.output;
+  r = run_dtrain("fit --arch gpt --corpus " + corpus + " --context 100000");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "--context")) << r.output;
+}
+
+}  // namespace

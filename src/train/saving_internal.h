@@ -46,6 +46,9 @@ nlohmann::ordered_json dtype_policy(const std::string& name);
 nlohmann::ordered_json keras3_object(const nlohmann::ordered_json& j, const char* module);
 // Whether Keras 3.10 builds the class in its constructor (then it writes no build_config).
 bool built_at_construction(const std::string& cls);
+// The layer's Keras 3 class: its class_name(), but BatchNormalization for SyncBatchNormalization
+// (Keras 3's synchronized=True), which also names its weights path.
+std::string keras3_class_name(const nn::Layer& layer);
 // A layer's config_json() (Keras 2 dialect) in the Keras 3 dialect.
 nlohmann::ordered_json keras3_layer_config(const nn::Layer& layer);
 // A Functional model's config in the Keras 3 dialect (saving_keras3_config.cc): the .keras

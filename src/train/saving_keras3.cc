@@ -67,7 +67,7 @@ ordered_json keras3_model_config(nn::Sequential& model, bool archive) {
   }
   Shape s = input;
   for (const auto& l : ls) {
-    entry(l->class_name(), keras3_layer_config(*l), s);
+    entry(keras3_class_name(*l), keras3_layer_config(*l), s);
     s = l->compute_output_shape(s);
   }
   ordered_json config;
@@ -224,7 +224,7 @@ template <typename F>
 void walk_layers(nn::Model& model, const std::string& prefix, F&& f) {
   std::map<std::string, int> used;
   for (nn::Layer* l : saved_layers(model)) {
-    const std::string key = snake_case(l->class_name());
+    const std::string key = snake_case(keras3_class_name(*l));
     auto [it, fresh] = used.emplace(key, 0);
     if (!fresh) ++it->second;
     const std::string path =

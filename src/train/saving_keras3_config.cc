@@ -18,6 +18,7 @@
 #include <set>
 
 #include "dtrain/nn/functional.h"
+#include "dtrain/nn/normalization.h"
 #include "saving_internal.h"
 
 namespace dtrain::train::detail {
@@ -113,7 +114,18 @@ ordered_json keras3_layer_config(const nn::Layer& layer) {
       c[key] = it.value();
     }
   }
+  if (const auto* bn = dynamic_cast<const nn::BatchNormalization*>(&layer); bn != nullptr) {
+    // Keras 3 keeps the axis as given (an int) and always writes synchronized, last.
+    c["axis"] = bn->options().axis;
+    c["synchronized"] = bn->options().synchronized;
+  }
   return c;
+}
+
+std::string keras3_class_name(const nn::Layer& layer) {
+  // Keras 3 has no SyncBatchNormalization: it is BatchNormalization(synchronized=True).
+  const std::string cls = layer.class_name();
+  return cls == "SyncBatchNormalization" ? "BatchNormalization" : cls;
 }
 
 namespace {
@@ -172,7 +184,7 @@ ordered_json functional_config(const nn::Functional& model, bool archive) {
       inbound.push_back({{"args", std::move(args)}, {"kwargs", ordered_json::object()}});
     }
     const auto* sub = dynamic_cast<const nn::Functional*>(layer.get());
-    const std::string cls = layer->class_name();
+    const std::string cls = keras3_class_name(*layer);
     ordered_json e;
     if (sub != nullptr) {
       e = functional_object(functional_config(*sub, archive), archive);

@@ -20,7 +20,8 @@ fixture's plus "name" and "inbound_nodes" (Keras 3 nodes: {"args": [__keras_tens
 residual: the rules of the same Keras sources for a residual CNN with BatchNormalization and
 Add: a weights group per layer (InputLayer included) at layers/<snake-case class>[_<n>] in the
 config's layer order; BatchNormalization's four [C] float32 vars (gamma, beta, moving_mean,
-moving_variance); Add's build_config a list of its input shapes and its node one list argument;
+moving_variance; the class BatchNormalization with its int axis and a trailing synchronized
+flag, also for a synchronized one); Add's build_config a list of its input shapes and its node one list argument;
 no build_config for classes Keras 3.10 builds in their constructor; every config layer entry
 carrying module, class_name, config, registered_name, name, inbound_nodes; the optimizer holding
 iteration, learning_rate and two Adam slots per trainable variable.
@@ -166,12 +167,21 @@ def check_residual(ours_path, errors):
         vs = [w[path][k] for k in sorted(w[path], key=int)]
         if any(v.dtype != "float32" for v in vs):
             errors.append(f"{path}: dtypes {[str(v.dtype) for v in vs]} are not all float32")
+        if cls == "SyncBatchNormalization":
+            errors.append(f"{where}: Keras 3 has no SyncBatchNormalization (it writes "
+                          "BatchNormalization with synchronized: true)")
         if cls == "BatchNormalization":
+            conf_bn = e["config"]
+            if not isinstance(conf_bn.get("synchronized"), bool) or list(conf_bn)[-1] != \
+                    "synchronized":
+                errors.append(f"{where}: config lacks Keras 3's trailing synchronized flag")
+            if not isinstance(conf_bn.get("axis"), int):
+                errors.append(f"{where}: axis {conf_bn.get('axis')!r} is not an int as in Keras 3")
             c = e["build_config"]["input_shape"][-1]
             if [v.shape for v in vs] != [(c,)] * 4:
                 errors.append(f"{path}: shapes {[v.shape for v in vs]} != four ({c},)")
             trainable += 2
-        elif cls in ("Conv2D", "Dense"):
+        elif cls in ("Conv2D", "Dense", "SyncBatchNormalization"):
             trainable += len(vs)
         elif vs:
             errors.append(f"{path}: a {cls} has no variables but the file has {len(vs)}")

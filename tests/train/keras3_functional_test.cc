@@ -23,6 +23,7 @@
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/saving.h"
 #include "dtrain/train/training.h"
+#include "testutil/expect_throws.h"
 #include "testutil/run_dtrain.h"
 #include "testutil/temp_dir.h"
 
@@ -42,12 +43,14 @@ bool have_h5py() { return run_shell("/usr/bin/python3 -c 'import h5py' 2>&1").co
 
 // input (8, 8, 3) → conv → bn → relu → [conv → bn → relu → conv → bn] + skip → relu → GAP →
 // dense(3).
-std::unique_ptr<nn::Functional> residual_cnn(uint64_t seed) {
+std::unique_ptr<nn::Functional> residual_cnn(uint64_t seed, bool sync = false) {
   KerasTensor x = nn::Input(Shape{8, 8, 3}, {.name = "input_layer"});
   auto conv = [&](const KerasTensor& t, uint64_t s) {
     return nn::call(nn::Conv2D(8, {3, 3}, {.padding = "same", .use_bias = false, .seed = s}), t);
   };
-  auto bn = [](const KerasTensor& t) { return nn::call(nn::BatchNormalization(), t); };
+  auto bn = [&](const KerasTensor& t) {
+    return nn::call(nn::BatchNormalization({.synchronized = sync}), t);
+  };
   KerasTensor h = nn::call(nn::ReLU(), bn(conv(x, seed)));
   KerasTensor r = nn::call(nn::ReLU(), bn(conv(h, seed + 1)));
   r = bn(conv(r, seed + 2));
@@ -182,6 +185,41 @@ TEST(Keras3Functional, TheH5NamesWeightsWithoutTheModelScope) {
   EXPECT_EQ(c.optimizer_weights[2].name, "adam/conv2d_kernel_momentum");
 }
 
+// A file whose Conv2D kernel does not match its config (kernel_size 3 edited to 1; same
+// padding keeps every other shape): the error names the file, the layer and both shapes, for
+// .keras and for both .h5 dialects.
+TEST(Keras3Functional, AConvKernelThatDoesNotMatchTheConfigNamesTheLayer) {
+  nn::clear_session();
+  TempDir dir;
+  auto m = residual_cnn(4);
+  for (const auto& [file, format] :
+       std::vector<std::pair<std::string, SaveFormat>>{{"m.keras", SaveFormat::kKeras3Zip},
+                                                       {"k3.h5", SaveFormat::kKeras3H5},
+                                                       {"k2.h5", SaveFormat::kKeras2H5}}) {
+    save_model(*m, dir.file(file), {.format = format});
+    const std::string bad = dir.file("bad_" + file);
+    if (format == SaveFormat::kKeras3Zip) {
+      ck::KerasV3Contents c = ck::read_keras_v3(dir.file(file));
+      json config = json::parse(c.config_json);
+      config["config"]["layers"][1]["config"]["kernel_size"] = {1, 1};  // [0]: the InputLayer
+      c.config_json = config.dump();
+      ck::write_keras_v3(bad, c);
+    } else {
+      ck::KerasH5Contents c = ck::read_keras_h5(dir.file(file));
+      json config = json::parse(c.model_config);
+      config["config"]["layers"][1]["config"]["kernel_size"] = {1, 1};
+      c.model_config = config.dump();
+      ck::write_keras_h5(bad, c);
+    }
+    const std::string msg =
+        testutil::expect_throws<InvalidArgumentError>([&] { (void)load_model(bad); });
+    for (const std::string& want :
+         {bad, std::string("conv2d"), std::string("[3, 3, 3, 8]"), std::string("[1, 1, 3, 8]")}) {
+      EXPECT_NE(msg.find(want), std::string::npos) << file << ": " << msg;
+    }
+  }
+}
+
 TEST(Keras3Functional, TheFixturesCnnAsAFunctionalChainHasKeras3sLayout) {
   if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
   nn::clear_session();
@@ -211,16 +249,26 @@ TEST(Keras3Functional, TheFixturesCnnAsAFunctionalChainHasKeras3sLayout) {
 
 TEST(Keras3Functional, TheResidualCnnFollowsKeras3sRulesForBatchNormAndAdd) {
   if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
-  nn::clear_session();
-  TempDir dir;
-  auto m = residual_cnn(9);
-  compile(*m);
-  fit_epochs(*m, make_data(16), 1, 0);
-  m->save(dir.file("resnet.keras"));
-  const auto r =
-      run_shell("/usr/bin/python3 " + kChecker + " residual " + dir.file("resnet.keras") + " 2>&1");
-  EXPECT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("0 differences"), std::string::npos) << r.output;
+  for (const bool sync : {false, true}) {
+    nn::clear_session();
+    TempDir dir;
+    auto m = residual_cnn(9, sync);
+    compile(*m);
+    fit_epochs(*m, make_data(16), 1, 0);
+    m->save(dir.file("resnet.keras"));
+    const auto r = run_shell("/usr/bin/python3 " + kChecker + " residual " +
+                             dir.file("resnet.keras") + " 2>&1");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("0 differences"), std::string::npos) << r.output;
+    // SyncBatchNormalization is Keras 3's BatchNormalization(synchronized=True), and loads back
+    // synchronized.
+    const json config = json::parse(ck::read_keras_v3(dir.file("resnet.keras")).config_json);
+    EXPECT_EQ(config["config"]["layers"][2]["class_name"], "BatchNormalization");
+    EXPECT_EQ(config["config"]["layers"][2]["config"]["synchronized"], sync);
+    std::unique_ptr<nn::Model> back = load_model(dir.file("resnet.keras"));
+    EXPECT_EQ(back->layers()[2]->class_name(),
+              sync ? "SyncBatchNormalization" : "BatchNormalization");
+  }
 }
 
 // The checker can fail: a Sequential archive is not a Functional one.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "arch_resnet.h"
 #include "commands.h"
 #include "dtrain/core/file.h"
 #include "dtrain/core/random.h"
@@ -167,10 +168,14 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--arch", f.arch,
                   "Built-in model when --model is not given: mlp, or cnn (Conv2D(32,3,relu) -> "
                   "MaxPooling2D -> Conv2D(64,3,relu) -> MaxPooling2D -> Flatten -> "
-                  "Dense(128,relu) -> Dense(classes); images get a channel axis), or gpt (a "
-                  "decoder language model on a text corpus: --corpus, --context, --layers, ...)")
+                  "Dense(128,relu) -> Dense(classes); images get a channel axis), or resnet (a "
+                  "small Functional residual CNN: Conv2D -> BatchNormalization -> ReLU blocks "
+                  "with Add() skips -> GlobalAveragePooling2D -> Dense(classes); its batch norm "
+                  "is synchronized over the replicas of a mirrored or multi-worker strategy), or "
+                  "gpt (a decoder language model on a text corpus: --corpus, --context, "
+                  "--layers, ...)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"mlp", "cnn", "gpt"}));
+      ->check(CLI::IsMember({"mlp", "cnn", "resnet", "gpt"}));
   cmd->add_option("--hidden", f.hidden, "Units of the default MLP's hidden layer")
       ->capture_default_str()
       ->check(int_at_least(1));
@@ -300,6 +305,7 @@ std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
     if (!model->built()) model->build(example);
     return model;
   }
+  if (f.arch == "resnet") return make_resnet(example, num_classes(d));
   auto model = std::make_unique<nn::Sequential>();
   if (f.arch == "cnn") {
     // Images [h, w] get a channel axis [h, w, 1] (shape_inputs_for reshapes the data).

@@ -2,8 +2,10 @@
 #include "dtrain/nn/convolutional.h"
 
 #include "config.h"
+#include "dtrain/autograd/array_ops.h"
 #include "dtrain/autograd/convolution.h"
 #include "dtrain/autograd/functions.h"
+#include "dtrain/autograd/reshaping.h"
 #include "layer_registry.h"
 
 namespace dtrain::nn {
@@ -73,11 +75,36 @@ BaseConv::BaseConv(Kind kind, int rank, int64_t filters, std::vector<int64_t> ke
     attrs_->strides[i + off] = strides_[i];
     attrs_->dilation[i + off] = dilation_[i];
   }
+  if (!options.output_padding.empty()) {
+    DTRAIN_CHECK(kind == Kind::kTranspose, w, ": output_padding applies to Conv2DTranspose only");
+    output_padding_ = per_axis(options.output_padding, rank, "output_padding", w);
+    for (int i = 0; i < rank; ++i) {
+      DTRAIN_CHECK(output_padding_[i] >= 0 && output_padding_[i] < strides_[i], w,
+                   ": output_padding ", output_padding_[i],
+                   " must be at least 0 and less than "
+                   "the stride ",
+                   strides_[i], " along spatial axis ", i);
+    }
+    full_attrs_ = std::make_shared<ops::Conv2DAttrs>(*attrs_);
+    full_attrs_->padding = ops::Padding::kValid;
+  }
   if (options.input_shape) {
     set_input_shape(*options.input_shape);
     build(*options.input_shape);
   }
 }
+
+namespace {
+
+// Keras's deconv_output_length with output_padding (dilated kernel k_d).
+int64_t padded_transpose_size(int64_t in, int64_t k, int64_t stride, int64_t dilation,
+                              ops::Padding p, int64_t output_padding) {
+  const int64_t kd = (k - 1) * dilation + 1;
+  const int64_t pad = p == ops::Padding::kSame ? kd / 2 : 0;
+  return (in - 1) * stride + kd - 2 * pad + output_padding;
+}
+
+}  // namespace
 
 std::string BaseConv::where() const { return str_cat(class_name(), " '", name(), "'"); }
 
@@ -123,7 +150,10 @@ Shape BaseConv::compute_output_shape(const Shape& input_shape) const {
   for (int i = 0; i < rank_; ++i) {
     const int64_t in = input_shape[first + i];
     int64_t o;
-    if (kind_ == Kind::kTranspose) {
+    if (kind_ == Kind::kTranspose && !output_padding_.empty()) {
+      o = padded_transpose_size(in, kernel_size_[i], strides_[i], dilation_[i], attrs_->padding,
+                                output_padding_[i]);
+    } else if (kind_ == Kind::kTranspose) {
       o = ops::conv_transpose_output_size(in, kernel_size_[i], strides_[i], dilation_[i],
                                           attrs_->padding);
     } else {
@@ -160,7 +190,31 @@ Tensor BaseConv::call(const Tensor& in, bool) {
       y = depthwise_conv2d(x, k, b, attrs_, activation_);
       break;
     case Kind::kTranspose:
-      y = conv2d_transpose(x, k, b, attrs_, activation_);
+      if (output_padding_.empty()) {
+        y = conv2d_transpose(x, k, b, attrs_, activation_);
+        break;
+      }
+      // The full (valid) transposed convolution, cut to tf.nn.conv2d_transpose's window for
+      // the output size: `same` drops max(full − size, 0) / 2 leading rows, and rows past the
+      // full output (output_padding) receive nothing but the bias.
+      y = conv2d_transpose(x, k, Tensor(), full_attrs_);
+      for (int i = 0; i < 2; ++i) {
+        const int64_t size =
+            padded_transpose_size(x.dim(1 + i), kernel_size_[i], strides_[i], dilation_[i],
+                                  attrs_->padding, output_padding_[i]);
+        const int64_t full = y.dim(1 + i);
+        const int64_t begin =
+            attrs_->padding == ops::Padding::kSame ? std::max<int64_t>(full - size, 0) / 2 : 0;
+        const int64_t kept = std::min(size, full - begin);
+        if (begin != 0 || kept != full) y = slice_axis(y, 1 + i, begin, kept);
+        if (kept < size) {
+          Shape before{0, 0, 0, 0}, after{0, 0, 0, 0};
+          after[1 + i] = size - kept;
+          y = pad(y, before, after);
+        }
+      }
+      if (b.defined()) y = add(y, b);
+      y = dtrain::activation(y, activation_);
       break;
   }
   return channels_first_ ? to_channels_first(y) : y;
@@ -192,7 +246,9 @@ std::string BaseConv::config_json() const {
     c["kernel_regularizer"] = nullptr;
     c["kernel_constraint"] = nullptr;
   }
-  if (kind_ == Kind::kTranspose) c["output_padding"] = nullptr;
+  if (kind_ == Kind::kTranspose) {
+    c["output_padding"] = output_padding_.empty() ? json() : int_list(output_padding_);
+  }
   return c.dump();
 }
 
@@ -231,11 +287,11 @@ ConvOptions conv_options(const json& c, int rank, const std::string& where,
       c, where,
       {"kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
        "bias_constraint", "depthwise_regularizer", "depthwise_constraint"});
-  if (c.contains("output_padding") && !c["output_padding"].is_null()) {
-    throw UnimplementedError(str_cat(where, ": output_padding ", c["output_padding"].dump(),
-                                     " is not supported (null only)"));
-  }
   const std::vector<int64_t> ones(static_cast<size_t>(rank), 1);
+  std::vector<int64_t> output_padding;
+  if (c.contains("output_padding") && !c["output_padding"].is_null()) {
+    output_padding = detail::int_tuple_field(c, "output_padding", static_cast<size_t>(rank), where);
+  }
   return ConvOptions{
       .strides = detail::int_tuple_field(c, "strides", static_cast<size_t>(rank), where, ones),
       .padding = detail::str_field(c, "padding", where, "valid"),
@@ -244,6 +300,7 @@ ConvOptions conv_options(const json& c, int rank, const std::string& where,
           detail::int_tuple_field(c, "dilation_rate", static_cast<size_t>(rank), where, ones),
       .groups = detail::int_field(c, "groups", where, 1),
       .depth_multiplier = detail::int_field(c, "depth_multiplier", where, 1),
+      .output_padding = output_padding,
       .activation = detail::str_field(c, "activation", where, "linear"),
       .use_bias = detail::bool_field(c, "use_bias", where, true),
       .kernel_initializer = detail::initializer_json(c, kernel_init_key, "glorot_uniform"),

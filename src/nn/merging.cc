@@ -1,9 +1,11 @@
-// Merging layers: Add, Subtract, Multiply, Average, Maximum, Minimum, Concatenate.
+// Merging layers: Add, Subtract, Multiply, Average, Maximum, Minimum, Concatenate, Dot.
 #include "dtrain/nn/merging.h"
 
 #include "config.h"
 #include "dtrain/autograd/array_ops.h"
+#include "dtrain/autograd/attention.h"
 #include "dtrain/autograd/functions.h"
+#include "dtrain/autograd/reshaping.h"
 #include "layer_registry.h"
 
 namespace dtrain::nn {
@@ -143,6 +145,87 @@ std::string Concatenate::config_json() const {
 
 // ---------------------------------------------------------------------------------------------
 
+Dot::Dot(DotOptions o) : Merge(detail::name_or_default(o.name, "dot")), options_(std::move(o)) {}
+
+std::array<int, 2> Dot::example_axes(std::span<const Shape> shapes) const {
+  DTRAIN_CHECK(shapes.size() == 2, "Dot '", name(), "': expects exactly 2 inputs, got ",
+               shapes.size());
+  std::array<int, 2> out{};
+  for (int i = 0; i < 2; ++i) {
+    const int rank = shapes[i].rank() + 1;  // with the batch dimension
+    const int a = options_.axes[i] < 0 ? options_.axes[i] + rank : options_.axes[i];
+    DTRAIN_CHECK(rank >= 2 && a >= 1 && a < rank, "Dot '", name(), "': axis ", options_.axes[i],
+                 " is out of range for input ", i, " of shape [batch", shapes[i].rank() ? ", " : "",
+                 shapes[i].to_string().substr(1), " (the batch axis 0 cannot be contracted)");
+    out[i] = a - 1;
+  }
+  DTRAIN_CHECK(shapes[0][out[0]] == shapes[1][out[1]], "Dot '", name(), "': the inputs' axes ",
+               out[0] + 1, " and ", out[1] + 1, " differ in size (", shapes[0].to_string(), " and ",
+               shapes[1].to_string(), ")");
+  return out;
+}
+
+Shape Dot::merged_shape(std::span<const Shape> shapes) const {
+  const std::array<int, 2> a = example_axes(shapes);
+  std::vector<int64_t> dims;
+  for (int i = 0; i < 2; ++i) {
+    for (int d = 0; d < shapes[i].rank(); ++d) {
+      if (d != a[i]) dims.push_back(shapes[i][d]);
+    }
+  }
+  if (dims.empty()) dims.push_back(1);  // batch_dot of two vectors: [B, 1]
+  return Shape(dims);
+}
+
+namespace {
+
+// x / max(‖x‖₂ along `axis`, 1e-6) (Keras's l2_normalize: x / sqrt(max(Σx², 1e-12))).
+Tensor l2_normalize(const Tensor& x, int axis) {
+  const Tensor sq = reduce_sum(square(x), axis, /*keepdims=*/true);
+  return divide(x, sqrt(maximum(sq, Tensor::scalar(1e-12f))));
+}
+
+// x with its axis `a` moved to position `to` (both counting the batch).
+Tensor move_axis(const Tensor& x, int a, int to) {
+  std::vector<int> perm;
+  for (int d = 0; d < x.rank(); ++d) {
+    if (d != a) perm.push_back(d);
+  }
+  perm.insert(perm.begin() + to, a);
+  bool identity = true;
+  for (int d = 0; d < x.rank(); ++d) identity = identity && perm[static_cast<size_t>(d)] == d;
+  return identity ? x : transpose(x, perm);
+}
+
+}  // namespace
+
+Tensor Dot::merge(std::span<const Tensor> xs) const {
+  const std::vector<Shape> shapes = {xs[0].shape().without_first(), xs[1].shape().without_first()};
+  const std::array<int, 2> a = example_axes(shapes);
+  Tensor x = options_.normalize ? l2_normalize(xs[0], a[0] + 1) : xs[0];
+  Tensor y = options_.normalize ? l2_normalize(xs[1], a[1] + 1) : xs[1];
+  const int64_t batch = xs[0].dim(0), k = shapes[0][a[0]];
+  // x → [B, M, K], y → [B, K, N]; one batched GEMM; then the kept dimensions back.
+  x = move_axis(x, a[0] + 1, x.rank() - 1);
+  y = move_axis(y, a[1] + 1, 1);
+  const int64_t m = x.num_elements() / (batch * k), n = y.num_elements() / (batch * k);
+  const Tensor out = batch_matmul(reshape(x, Shape{batch, m, k}), reshape(y, Shape{batch, k, n}));
+  return reshape(out, merged_shape(shapes).with_first(batch));
+}
+
+std::string Dot::config_json() const {
+  json c = detail::base_config(*this);
+  if (options_.axes[0] == options_.axes[1]) {
+    c["axes"] = options_.axes[0];
+  } else {
+    c["axes"] = {options_.axes[0], options_.axes[1]};
+  }
+  c["normalize"] = options_.normalize;
+  return c.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
+
 namespace {
 
 template <class L>
@@ -156,6 +239,22 @@ std::shared_ptr<Layer> concatenate_from_config(const json& c, const std::string&
                          .name = detail::str_field(c, "name", where)});
 }
 
+std::shared_ptr<Layer> dot_from_config(const json& c, const std::string& where) {
+  DotOptions o{.name = detail::str_field(c, "name", where)};
+  DTRAIN_CHECK(c.contains("axes"), where, ": Dot needs \"axes\"");
+  const json& axes = c["axes"];
+  if (axes.is_number_integer()) {
+    o.axes = {axes.get<int>(), axes.get<int>()};
+  } else {
+    DTRAIN_CHECK(axes.is_array() && axes.size() == 2 && axes[0].is_number_integer() &&
+                     axes[1].is_number_integer(),
+                 where, ": Dot axes must be an integer or a list of two, got ", axes.dump());
+    o.axes = {axes[0].get<int>(), axes[1].get<int>()};
+  }
+  o.normalize = detail::bool_field(c, "normalize", where, false);
+  return std::make_shared<Dot>(o);
+}
+
 }  // namespace
 
 namespace detail {
@@ -167,6 +266,7 @@ void register_merging_layers(LayerRegistry& registry) {
   registry.add("Maximum", merge_from_config<Maximum>);
   registry.add("Minimum", merge_from_config<Minimum>);
   registry.add("Concatenate", concatenate_from_config);
+  registry.add("Dot", dot_from_config);
 }
 }  // namespace detail
 

@@ -14,6 +14,7 @@
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
+#include "dtrain/nn/state_updates.h"
 #include "fit_loop.h"
 #include "train_step.h"
 
@@ -127,6 +128,18 @@ class ParameterServerStep final : public TrainStep {
     DTRAIN_CHECK(!options.skip_nonfinite,
                  "fit: skip_nonfinite is not supported under ParameterServerStrategy (the servers "
                  "apply each worker's gradients as they arrive)");
+    // The servers hold the trainable variables only: moving statistics updated on a worker
+    // would stay on that worker, and the chief (which evaluates and saves) would keep their
+    // initial values. Refused until they live on the servers too.
+    for (nn::StatefulLayer* l : nn::stateful_layers(model)) {
+      if (auto* layer = dynamic_cast<nn::Layer*>(l); layer != nullptr && layer->trainable()) {
+        throw UnimplementedError(str_cat(
+            "fit: ", layer->class_name(), " '", layer->name(),
+            "' updates moving statistics in training, which ParameterServerStrategy does not "
+            "support (the servers hold trainable variables only): use MirroredStrategy or "
+            "MultiWorkerMirroredStrategy, or freeze the layer (trainable = false)"));
+      }
+    }
     trainable_ = model.trainable_variables();
     // The initial values, for a restart from scratch when a server is lost before any backup.
     for (Variable* v : trainable_) initial_.push_back(v->tensor().clone());

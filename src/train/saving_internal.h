@@ -9,6 +9,7 @@
 
 #include "dtrain/checkpoint/keras_h5.h"
 #include "dtrain/checkpoint/keras_v3.h"
+#include "dtrain/nn/functional.h"
 #include "dtrain/nn/losses.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/optimizer.h"
@@ -36,6 +37,27 @@ nlohmann::ordered_json schedule_to_keras(const optim::ScheduleConfig& s);
 nlohmann::ordered_json loss_to_keras(const nn::Loss& loss);
 
 // --- Keras 3 (saving_keras3.cc) ----------------------------------------------------------------
+
+// saving_keras3_config.cc:
+// keras.src.utils.naming.to_snake_case: "MaxPooling2D" -> "max_pooling2d".
+std::string snake_case(const std::string& name);
+// [null, d0, d1, ...]: a per-example shape with the batch dimension, as Keras 3 writes shapes.
+nlohmann::ordered_json batch_shape(const Shape& s);
+// Keras 3's DTypePolicy object for `name` ("float32").
+nlohmann::ordered_json dtype_policy(const std::string& name);
+// {"class_name", "config"} -> Keras 3's {"module", "class_name", "config", "registered_name"}.
+nlohmann::ordered_json keras3_object(const nlohmann::ordered_json& j, const char* module);
+// Whether Keras 3.10 builds the class in its constructor (then it writes no build_config).
+bool built_at_construction(const std::string& cls);
+// The layer's Keras 3 class: its class_name(), but BatchNormalization for SyncBatchNormalization
+// (Keras 3's synchronized=True), which also names its weights path.
+std::string keras3_class_name(const nn::Layer& layer);
+// A layer's config_json() (Keras 2 dialect) in the Keras 3 dialect.
+nlohmann::ordered_json keras3_layer_config(const nn::Layer& layer);
+// A Functional model's config in the Keras 3 dialect (saving_keras3_config.cc): the .keras
+// archive's (`archive`: module, registered_name and build_config on every object) or the .h5
+// model_config's.
+nlohmann::ordered_json keras3_functional_config(const nn::Functional& model, bool archive);
 
 // model.save to ".keras" (the native zip) and to ".h5" with SaveFormat::kKeras3H5.
 void save_keras3_archive(nn::Model& model, const std::string& path, const SaveModelOptions& o);

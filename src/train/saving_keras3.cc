@@ -1,14 +1,14 @@
-// Keras 3 model files: the native .keras zip and the legacy .h5 as Keras 3 writes it. Translates
-// dtrain's Keras 2 dialect (config_json(), training_config) into Keras 3's (batch_shape,
-// DTypePolicy objects, module/registered_name, build_config, compile_config) and maps variables
-// onto Keras 3's paths: "layers/<snake-case class>[_<n>]/vars/<i>" by attribute path in .keras
-// archives (as keras/src/saving/saving_lib.py walks a model), "<model>/<layer>/<weight>" weight
-// names in .h5, and the optimizer's variables in Keras 3's order (iteration, learning_rate, then
-// the slots interleaved per variable within each add_optimizer_variables call).
-// docs/keras-files.md.
+// Keras 3 model files: the native .keras zip and the legacy .h5 as Keras 3 writes it, for
+// Sequential and Functional models. Translates dtrain's Keras 2 dialect (config_json(),
+// training_config) into Keras 3's (batch_shape, DTypePolicy objects, module/registered_name,
+// build_config, compile_config; layer and Functional configs in saving_keras3_config.cc) and
+// maps variables onto Keras 3's paths: "layers/<snake-case class>[_<n>]/vars/<i>" by attribute path
+// in .keras archives (as keras/src/saving/saving_lib.py walks a model), "<model>/<layer>/<weight>"
+// weight names in .h5 (a Functional's: "<layer>/<weight>"), and the optimizer's variables in Keras
+// 3's order (iteration, learning_rate, then the slots interleaved per variable within each
+// add_optimizer_variables call). docs/keras-files.md.
 #include <ctime>
 #include <map>
-#include <regex>
 #include <set>
 
 #include "dtrain/checkpoint/keras_v3.h"
@@ -19,103 +19,22 @@
 #include "training_state.h"
 
 namespace dtrain::train::detail {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
 namespace {
 
 namespace ck = dtrain::checkpoint;
-using nlohmann::json;
-using nlohmann::ordered_json;
 
 // The Keras 3 release whose layout dtrain writes (the .keras fixture's).
 constexpr const char* kKeras3Version = "3.10.0";
 
-// keras.src.utils.naming.to_snake_case: "MaxPooling2D" -> "max_pooling2d".
-std::string snake_case(const std::string& name) {
-  static const std::regex non_word(R"(\W+)"), cap_word("(.)([A-Z][a-z]+)"),
-      lower_upper("([a-z])([A-Z])");
-  std::string s = std::regex_replace(name, non_word, "");
-  s = std::regex_replace(s, cap_word, "$1_$2");
-  s = std::regex_replace(s, lower_upper, "$1_$2");
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-ordered_json batch_shape(const Shape& s) {
-  ordered_json j = ordered_json::array({nullptr});
-  for (int64_t d : s) j.push_back(d);
-  return j;
-}
-
-ordered_json dtype_policy(const std::string& name) {
-  return {{"module", "keras"},
-          {"class_name", "DTypePolicy"},
-          {"config", {{"name", name}}},
-          {"registered_name", nullptr}};
-}
-
-// {"class_name", "config"} → Keras 3's {"module", "class_name", "config", "registered_name"}.
-ordered_json keras3_object(const ordered_json& j, const char* module) {
-  if (!j.is_object() || !j.contains("class_name")) return j;
-  ordered_json out;
-  out["module"] = module;
-  out["class_name"] = j["class_name"];
-  out["config"] = j.value("config", ordered_json::object());
-  out["registered_name"] = nullptr;
-  return out;
-}
-
-// Classes whose Keras 3 constructor sets built = True, so that Keras writes no build_config.
-bool built_at_construction(const std::string& cls) {
-  static const std::set<std::string> kBuilt = {
-      "InputLayer",       "Dropout",      "SpatialDropout1D",
-      "SpatialDropout2D", "Activation",   "ReLU",
-      "LeakyReLU",        "Softmax",      "ELU",
-      "MaxPooling1D",     "MaxPooling2D", "AveragePooling1D",
-      "AveragePooling2D", "Rescaling"};
-  return kBuilt.count(cls) != 0;
-}
-
-// A layer's config_json() (Keras 2 dialect) in the Keras 3 dialect.
-ordered_json keras3_layer_config(const nn::Layer& layer) {
-  ordered_json k2 = ordered_json::parse(layer.config_json());
-  const std::string cls = layer.class_name();
-  if (cls == "InputLayer") {
-    ordered_json c;
-    c["batch_shape"] = k2.contains("batch_input_shape") ? k2["batch_input_shape"] : ordered_json();
-    c["dtype"] = k2.value("dtype", "float32");
-    c["sparse"] = k2.value("sparse", false);
-    c["ragged"] = k2.value("ragged", false);
-    c["name"] = layer.name();
-    return c;
-  }
-  ordered_json c;
-  for (auto it = k2.begin(); it != k2.end(); ++it) {
-    const std::string& key = it.key();
-    if (key == "batch_input_shape") continue;  // Keras 3 declares inputs with an InputLayer
-    if (key == "dtype" && it.value().is_string()) {
-      c[key] = dtype_policy(it.value().get<std::string>());
-    } else if (key.size() > 12 && key.compare(key.size() - 12, 12, "_initializer") == 0) {
-      c[key] = keras3_object(it.value(), "keras.initializers");
-    } else if (key.size() > 12 && key.compare(key.size() - 12, 12, "_regularizer") == 0) {
-      // Keras 3's Dense does not list a None activity_regularizer.
-      if (key == "activity_regularizer" && it.value().is_null() && cls == "Dense") continue;
-      c[key] = keras3_object(it.value(), "keras.regularizers");
-    } else if (key.size() > 11 && key.compare(key.size() - 11, 11, "_constraint") == 0) {
-      c[key] = keras3_object(it.value(), "keras.constraints");
-    } else {
-      c[key] = it.value();
-    }
-  }
-  return c;
-}
-
-nn::Sequential& keras3_sequential(nn::Model& model, const char* fn) {
-  (void)model.to_json();  // UnimplementedError for a subclassed model
-  auto* seq = dynamic_cast<nn::Sequential*>(&model);
-  if (seq == nullptr) {
-    throw UnimplementedError(str_cat(fn, ": model '", model.name(), "' is a ", model.class_name(),
-                                     "; dtrain writes Keras 3 files for Sequential models only"));
-  }
-  return *seq;
+// The scope Keras 3 puts before a variable's path ("sequential/dense/kernel"): a Sequential
+// builds its layers under its own name scope; a Functional's layers are built when called on
+// symbolic tensors, outside any model's scope ("dense/kernel").
+std::string keras3_scope(const nn::Model& model) {
+  return dynamic_cast<const nn::Sequential*>(&model) != nullptr ? model.name() + "/" : "";
 }
 
 // The model's config in the Keras 3 dialect: the .keras archive's (`archive`: module,
@@ -150,7 +69,7 @@ ordered_json keras3_model_config(nn::Sequential& model, bool archive) {
   }
   Shape s = input;
   for (const auto& l : ls) {
-    entry(l->class_name(), keras3_layer_config(*l), s);
+    entry(keras3_class_name(*l), keras3_layer_config(*l), s);
     s = l->compute_output_shape(s);
   }
   ordered_json config;
@@ -180,6 +99,24 @@ ordered_json keras3_registered_config(nn::GPT& model) {
   j["registered_name"] = "dtrain>" + model.class_name();
   j["build_config"] = {{"input_shape", batch_shape(Shape{model.config().context})}};
   return j;
+}
+
+// The model's Keras 3 config (Sequential or Functional); UnimplementedError for a subclassed one.
+ordered_json keras3_config(nn::Model& model, bool archive, const char* fn) {
+  if (auto* gpt = dynamic_cast<nn::GPT*>(&model); gpt != nullptr) {
+    return keras3_registered_config(*gpt);
+  }
+  (void)model.to_json();  // UnimplementedError for a subclassed model
+  if (auto* f = dynamic_cast<nn::Functional*>(&model); f != nullptr) {
+    return keras3_functional_config(*f, archive);
+  }
+  auto* seq = dynamic_cast<nn::Sequential*>(&model);
+  if (seq == nullptr) {
+    throw UnimplementedError(str_cat(fn, ": model '", model.name(), "' is a ", model.class_name(),
+                                     "; dtrain writes Keras 3 files for Sequential and Functional "
+                                     "models only"));
+  }
+  return keras3_model_config(*seq, archive);
 }
 
 // Keras 3's default optimizer names are the snake-case class ("adam"); dtrain's are the class.
@@ -270,7 +207,7 @@ struct Keras3OptimizerVar {
 // variable has its slots (as an optimizer Keras has not built yet).
 std::vector<Keras3OptimizerVar> keras3_optimizer_vars(optim::Optimizer& opt,
                                                       const std::vector<Variable*>& vars,
-                                                      const std::string& model_name) {
+                                                      const std::string& scope) {
   const std::string prefix = keras3_optimizer_name(opt) + "/";
   std::vector<Keras3OptimizerVar> out;
   out.push_back(
@@ -286,7 +223,7 @@ std::vector<Keras3OptimizerVar> keras3_optimizer_vars(optim::Optimizer& opt,
   }
   for (const auto& g : keras3_slot_groups(opt)) {
     for (Variable* v : vars) {
-      std::string path = model_name + "/" + v->name();
+      std::string path = scope + v->name();
       std::replace(path.begin(), path.end(), '/', '_');
       for (const auto& [slot, keras] : g) {
         Variable* sv = opt.slot(*v, slot);
@@ -304,7 +241,7 @@ template <typename F>
 void walk_layers(nn::Model& model, const std::string& prefix, F&& f) {
   std::map<std::string, int> used;
   for (nn::Layer* l : saved_layers(model)) {
-    const std::string key = snake_case(l->class_name());
+    const std::string key = snake_case(keras3_class_name(*l));
     auto [it, fresh] = used.emplace(key, 0);
     if (!fresh) ++it->second;
     const std::string path =
@@ -459,10 +396,7 @@ std::string restore_keras3_optimizer_state(optim::Optimizer& opt,
 
 void save_keras3_archive(nn::Model& model, const std::string& path, const SaveModelOptions& o) {
   check_built(model, "save");
-  auto* gpt = dynamic_cast<nn::GPT*>(&model);
-  ordered_json config =
-      gpt != nullptr ? keras3_registered_config(*gpt)
-                     : keras3_model_config(keras3_sequential(model, "save"), /*archive=*/true);
+  ordered_json config = keras3_config(model, /*archive=*/true, "save");
   TrainingState* state = find_state(model);
   const bool with_optimizer =
       o.include_optimizer && state != nullptr && state->optimizer && state->loss;
@@ -496,8 +430,8 @@ void save_keras3_archive(nn::Model& model, const std::string& path, const SaveMo
               });
   if (with_optimizer) {
     ck::KerasV3Vars ov{"optimizer", keras3_optimizer_name(*state->optimizer), {}};
-    for (const Keras3OptimizerVar& v :
-         keras3_optimizer_vars(*state->optimizer, model.trainable_variables(), model.name())) {
+    for (const Keras3OptimizerVar& v : keras3_optimizer_vars(
+             *state->optimizer, model.trainable_variables(), keras3_scope(model))) {
       ov.values.push_back(v.value);
     }
     c.vars.push_back(std::move(ov));
@@ -510,14 +444,13 @@ void save_keras3_h5(nn::Model& model, const std::string& path, const SaveModelOp
   DTRAIN_CHECK(ck::is_keras_h5_path(path) && !ck::is_keras_v3_path(path), "save: '", path,
                "': the Keras 3 HDF5 layout needs a path ending in .h5 or .hdf5");
   check_built(model, "save");
-  nn::Sequential& seq = keras3_sequential(model, "save");
   ck::KerasH5Contents c;
   c.weights_only = false;
   c.keras_version = kKeras3Version;
-  c.model_config = keras3_model_config(seq, /*archive=*/false).dump();
+  c.model_config = keras3_config(model, /*archive=*/false, "save").dump();
   auto named = [&](const std::vector<Variable*>& vars) {
     std::vector<ck::H5Weight> out;
-    for (Variable* v : vars) out.push_back({model.name() + "/" + v->name(), v->tensor()});
+    for (Variable* v : vars) out.push_back({keras3_scope(model) + v->name(), v->tensor()});
     return out;
   };
   for (nn::Layer* l : saved_layers(model)) {
@@ -538,8 +471,8 @@ void save_keras3_h5(nn::Model& model, const std::string& path, const SaveModelOp
     tc["jit_compile"] = false;
     tc["optimizer_config"] = keras3_optimizer(*state->optimizer, /*archive=*/false);
     c.training_config = tc.dump();
-    for (const Keras3OptimizerVar& v :
-         keras3_optimizer_vars(*state->optimizer, model.trainable_variables(), model.name())) {
+    for (const Keras3OptimizerVar& v : keras3_optimizer_vars(
+             *state->optimizer, model.trainable_variables(), keras3_scope(model))) {
       c.optimizer_weights.push_back({v.name, v.value});
     }
   }
@@ -561,10 +494,10 @@ std::unique_ptr<nn::Model> load_keras3_archive(const std::string& path,
                "load_model: ", path,
                ": config.json is not a serialized Keras model ({\"class_name\", \"config\", ...})");
   const std::string cls = config["class_name"].get<std::string>();
-  if (cls != "Sequential" && cls != "GPT") {
+  if (cls != "Sequential" && cls != "Functional" && cls != "GPT") {
     throw UnimplementedError(str_cat("load_model: ", path, ": config.json holds a ", cls,
-                                     " model; dtrain loads Sequential models from .keras files "
-                                     "(Functional and subclassed models are not supported yet)"));
+                                     " model; dtrain loads Sequential, Functional and GPT models from "
+                                     ".keras files (other subclassed models are not supported)"));
   }
   std::unique_ptr<nn::Model> model;
   try {

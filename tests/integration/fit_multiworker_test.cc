@@ -109,6 +109,23 @@ TEST_F(FitMultiWorker, SyncBatchNormTwoWorkersMatchOneProcessWithTheGlobalBatch)
   EXPECT_LT(max_relative_difference(w, single), 1e-4);
 }
 
+// The same for a Functional residual CNN (Conv2D → SyncBN → ReLU blocks, an Add() skip,
+// GlobalAveragePooling2D): three synchronized BN layers, their moving statistics included.
+TEST_F(FitMultiWorker, SyncBatchNormResidualCnnTwoWorkersMatchOneProcessWithTheGlobalBatch) {
+  const std::vector<std::string> flags = {"--resnet", "1", "--batch-size", "64"};
+  const auto single = floats(run(dir_, "single", 1, flags)[0]);
+  const auto out = run(dir_, "multi-worker", 2, flags);
+  ASSERT_EQ(out.size(), 2u);
+  ASSERT_FALSE(out[0].empty());
+  EXPECT_EQ(out[0], out[1]) << "workers' variables differ";
+  EXPECT_NE(read_file(dir_ + "/multi-worker0.log").find("rows 384 of 768, replicas in sync 2"),
+            std::string::npos)
+      << read_file(dir_ + "/multi-worker0.log");
+  const auto w = floats(out[0]);
+  ASSERT_EQ(w.size(), single.size());
+  EXPECT_LT(max_relative_difference(w, single), 1e-4);
+}
+
 TEST_F(FitMultiWorker, ThreeWorkersWithTwoReplicasEachAreIdentical) {
   const auto out = run(dir_, "multi-worker", 3, {"--replicas", "2"});
   ASSERT_EQ(out.size(), 3u);

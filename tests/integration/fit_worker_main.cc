@@ -3,7 +3,7 @@
 // TF_CONFIG) and writes every model and optimizer variable, raw, to --out.
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
-//              [--step-delay-us U] [--sync-bn 1] [--batch-size B]
+//              [--step-delay-us U] [--sync-bn 1] [--resnet 1] [--batch-size B]
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -19,8 +19,13 @@
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
+#include "dtrain/nn/activations.h"
+#include "dtrain/nn/convolutional.h"
+#include "dtrain/nn/functional.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/merging.h"
 #include "dtrain/nn/normalization.h"
+#include "dtrain/nn/pooling.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/training.h"
 
@@ -62,6 +67,10 @@ struct Backup {
   bool async = false;         // backups written on background threads
   // --sync-bn 1: Dense(16, no bias) → SyncBatchNormalization → relu instead of Dense(16, relu).
   bool sync_bn = false;
+  // --resnet 1: the examples as 2×2×2 images through a Functional residual CNN with
+  // SyncBatchNormalization (Conv2D → SyncBN → ReLU → Conv2D → SyncBN, Add() skip, ReLU,
+  // GlobalAveragePooling2D, Dense(3)).
+  bool resnet = false;
   int64_t batch_size = 32;  // --batch-size: the global batch
 };
 
@@ -86,16 +95,35 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   // Rows this process's replicas computed on, counted where they are computed (replica threads
   // call the layer concurrently): proves the global batches are split.
   auto counter = std::make_shared<RowCounter>();
-  nn::Sequential model;
-  if (backup.sync_bn) {
-    model.add_layer(nn::Dense(16, {.use_bias = false, .input_shape = Shape{kFeatures}}));
-    model.add_layer(nn::BatchNormalization({.synchronized = true}));
-    model.add_layer(nn::Activation("relu"));
+  std::unique_ptr<nn::Model> owned;
+  if (backup.resnet) {
+    x = x.reshape(Shape{kExamples, 2, 2, 2});
+    auto conv_bn = [](const nn::KerasTensor& t) {
+      nn::KerasTensor h =
+          nn::call(nn::Conv2D(8, {2, 2}, {.padding = "same", .use_bias = false}), t);
+      return nn::call(nn::BatchNormalization({.synchronized = true}), h);
+    };
+    nn::KerasTensor in = nn::Input(Shape{2, 2, 2});
+    nn::KerasTensor h = nn::call(nn::ReLU(), conv_bn(in));
+    nn::KerasTensor r = conv_bn(nn::call(nn::ReLU(), conv_bn(h)));
+    h = nn::call(nn::LayerRef(counter), nn::call(nn::ReLU(), nn::call(nn::Add(), {h, r})));
+    nn::KerasTensor o = nn::call(nn::Dense(3), nn::call(nn::GlobalAveragePooling2D(), h));
+    owned = std::make_unique<nn::Functional>(std::vector<nn::KerasTensor>{in},
+                                             std::vector<nn::KerasTensor>{o});
   } else {
-    model.add_layer(nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}));
+    auto seq = std::make_unique<nn::Sequential>();
+    if (backup.sync_bn) {
+      seq->add_layer(nn::Dense(16, {.use_bias = false, .input_shape = Shape{kFeatures}}));
+      seq->add_layer(nn::BatchNormalization({.synchronized = true}));
+      seq->add_layer(nn::Activation("relu"));
+    } else {
+      seq->add_layer(nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}));
+    }
+    seq->add_layer(nn::LayerRef(counter));
+    seq->add_layer(nn::Dense(3));
+    owned = std::move(seq);
   }
-  model.add_layer(nn::LayerRef(counter));
-  model.add_layer(nn::Dense(3));
+  nn::Model& model = *owned;
   model.compile(
       {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
        .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
@@ -163,6 +191,8 @@ int main(int argc, char** argv) {
       backup.async = v == "1";
     else if (k == "--sync-bn")
       backup.sync_bn = v == "1";
+    else if (k == "--resnet")
+      backup.resnet = v == "1";
     else if (k == "--batch-size")
       backup.batch_size = std::atoll(v.c_str());
     else {

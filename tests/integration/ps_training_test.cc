@@ -317,5 +317,19 @@ TEST(PsTraining, WorkerWithAnotherModelIsAClearError) {
   EXPECT_NE(log.find("[784, 64] on the worker but float32 [784, 128]"), std::string::npos) << log;
 }
 
+// BatchNormalization's moving statistics would stay on the workers (the servers hold trainable
+// variables only): fit refuses it, naming the layer.
+TEST(PsTraining, BatchNormalizationIsAClearError) {
+  Job job(1, 1);
+  job.ps.push_back(job.start("ps", 0, {}));
+  job.workers.push_back(job.start("worker", 0, {"--steps", "5", "--bn", "1"}));
+  job.chief = job.start("chief", 0, {"--steps", "5", "--bn", "1"});
+  EXPECT_EQ(job.wait_chief(60), 1);
+  const std::string log = job.chief_log();
+  EXPECT_NE(log.find("error: UNIMPLEMENTED"), std::string::npos) << log;
+  EXPECT_NE(log.find("BatchNormalization 'batch_normalization'"), std::string::npos) << log;
+  EXPECT_NE(log.find("ParameterServerStrategy"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace dtrain::testing

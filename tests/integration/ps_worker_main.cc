@@ -4,7 +4,7 @@
 // evaluates on the test set, prints "test_accuracy A" and the servers' versions, and writes the
 // model's weights, raw, to --out.
 //   ps_worker [--mode async|sync|mwms] [--epochs E] [--steps S] [--batch B] [--hidden H]
-//             [--ckpt DIR] [--ckpt-every N] [--connect-timeout-ms T] [--out FILE]
+//             [--ckpt DIR] [--ckpt-every N] [--connect-timeout-ms T] [--out FILE] [--bn 1]
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
 #include <signal.h>
 #include <sys/prctl.h>
@@ -20,6 +20,7 @@
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/normalization.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/training.h"
 
@@ -33,6 +34,7 @@ struct Flags {
   int64_t steps = 0;  // 0: whole epochs
   int64_t batch = 32;
   int64_t hidden = 128;
+  bool bn = false;  // --bn 1: a BatchNormalization after the hidden layer
   std::string ckpt;
   int64_t ckpt_every = 0;
   int64_t connect_timeout_ms = 30000;
@@ -75,8 +77,10 @@ int run(const Flags& f) {
   auto scope = strategy->scope();
   set_random_seed(11);
   const data::FashionMnist fm = data::fashion_mnist::load_data();
-  nn::Sequential model({nn::Flatten({.input_shape = Shape{28, 28}}),
-                        nn::Dense(f.hidden, {.activation = "relu"}), nn::Dense(10)});
+  nn::Sequential model(
+      {nn::Flatten({.input_shape = Shape{28, 28}}), nn::Dense(f.hidden, {.activation = "relu"})});
+  if (f.bn) model.add_layer(nn::BatchNormalization());
+  model.add_layer(nn::Dense(10));
   model.compile(
       {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.001}),
        .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
@@ -129,6 +133,8 @@ int main(int argc, char** argv) {
       f.batch = std::atoll(v.c_str());
     else if (k == "--hidden")
       f.hidden = std::atoll(v.c_str());
+    else if (k == "--bn")
+      f.bn = v == "1";
     else if (k == "--ckpt")
       f.ckpt = v;
     else if (k == "--ckpt-every")

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/autograd/convolution.h"
@@ -152,6 +153,65 @@ TEST_F(ConvLayerTest, ReadsKeras3Configs) {
      "strides": [2, 2], "data_format": "channels_last"}, "registered_name": null}]}})";
   const std::unique_ptr<Model> m = model_from_json(j);
   EXPECT_EQ(m->compute_output_shape(Shape{8, 8, 3}), (Shape{3, 3, 4}));
+}
+
+// Conv2DTranspose(output_padding): Keras's output size, and the values of
+// tf.nn.conv2d_transpose with that output shape (conv2d's input gradient for it), plus the bias.
+TEST_F(ConvLayerTest, TransposeOutputPaddingMatchesConv2dTransposeWithAnOutputShape) {
+  struct Case {
+    const char* padding;
+    std::vector<int64_t> strides, output_padding, dilation;
+    Shape out;  // per example, for a [5, 4, 2] input
+  };
+  const std::vector<Case> cases = {
+      {"valid", {2, 3}, {1, 2}, {1}, Shape{12, 14, 3}},  // (in-1)s + k + p
+      {"same", {2, 2}, {1, 0}, {1}, Shape{10, 7, 3}},    // (in-1)s + 1 + p for k = 3
+      {"same", {2, 3}, {0, 2}, {1}, Shape{9, 12, 3}},
+      {"valid", {1, 1}, {0, 0}, {2}, Shape{9, 8, 3}},  // dilated kernel 5, no extra rows
+  };
+  for (const Case& c : cases) {
+    Conv2DTranspose t(3, {3, 3},
+                      {.strides = c.strides,
+                       .padding = c.padding,
+                       .dilation_rate = c.dilation,
+                       .output_padding = c.output_padding,
+                       .activation = "tanh",
+                       .bias_initializer = "ones",
+                       .input_shape = Shape{5, 4, 2}});
+    EXPECT_EQ(t.compute_output_shape(Shape{5, 4, 2}), c.out) << c.padding;
+    const Tensor x = random_tensor(Shape{2, 5, 4, 2}, 3);
+    const Tensor y = t(x);
+    ASSERT_EQ(y.shape(), c.out.with_first(2)) << c.padding;
+    ops::Conv2DAttrs a;
+    a.strides[0] = c.strides[0];
+    a.strides[1] = c.strides[1];
+    a.dilation[0] = a.dilation[1] = c.dilation[0];
+    a.padding = std::string(c.padding) == "same" ? ops::Padding::kSame : ops::Padding::kValid;
+    const Tensor want = ops::conv2d_backward_input(x, t.kernel().tensor(), y.shape(), a);
+    for (int64_t i = 0; i < y.num_elements(); ++i) {
+      ASSERT_NEAR(y.data<float>()[i], std::tanh(want.data<float>()[i] + 1.0f), 1e-5)
+          << c.padding << " element " << i;
+    }
+    // Gradients through the crop and the padding.
+    const double err = testutil::gradcheck(
+        [&](const std::vector<Tensor>& xs) { return t(xs[0], true); }, {x}, 1e-2f);
+    EXPECT_LT(err, 1e-2) << c.padding;
+    // The config carries output_padding and rebuilds the layer.
+    const json cfg = json::parse(t.config_json());
+    EXPECT_EQ(cfg["output_padding"], json(c.output_padding));
+  }
+  const std::string j = R"({"class_name": "Sequential", "config": {"name": "s", "layers": [
+    {"class_name": "Conv2DTranspose", "config": {"name": "up", "filters": 2, "kernel_size": 3,
+     "strides": 2, "padding": "same", "output_padding": 1,
+     "batch_input_shape": [null, 4, 4, 1]}}]}})";
+  auto m = model_from_json(j);
+  EXPECT_EQ(m->compute_output_shape(Shape{4, 4, 1}), (Shape{8, 8, 2}));
+  expect_throws_with<InvalidArgumentError>(
+      [] { Conv2DTranspose(2, {3}, {.strides = {2}, .output_padding = {2}, .name = "op"}); },
+      {"Conv2DTranspose 'op'", "output_padding 2", "less than the stride 2"});
+  expect_throws_with<InvalidArgumentError>(
+      [] { Conv2D(2, {3}, {.output_padding = {1}, .name = "c"}); },
+      {"Conv2D 'c'", "Conv2DTranspose only"});
 }
 
 TEST_F(ConvLayerTest, BadInputNamesTheLayer) {

@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/autograd/functions.h"
+#include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/nn/functional.h"
 #include "testutil/expect_throws.h"
 #include "testutil/gradcheck.h"
 
@@ -131,6 +135,118 @@ TEST_F(MergingTest, ConfigsAreKeras) {
   EXPECT_EQ(c["dtype"], "float32");
   Maximum m;
   EXPECT_EQ(nlohmann::json::parse(m.config_json())["name"], "maximum");
+}
+
+// --- Dot ---------------------------------------------------------------------------------------
+
+TEST_F(MergingTest, DotValuesAndShapes) {
+  // [1, 2]·[3, 4] = 11; [B, K]·[B, K] → [B, 1].
+  Dot dot;
+  const Tensor y = run(dot, {Tensor::from_vector(std::vector<float>{1, 2}, Shape{1, 2}),
+                             Tensor::from_vector(std::vector<float>{3, 4}, Shape{1, 2})});
+  EXPECT_EQ(y.shape(), (Shape{1, 1}));
+  EXPECT_FLOAT_EQ(y.data<float>()[0], 11.0f);
+  // normalize: the cosine, 11 / (√5 · 5).
+  Dot cos({.normalize = true});
+  EXPECT_NEAR(run(cos, {Tensor::from_vector(std::vector<float>{1, 2}, Shape{1, 2}),
+                        Tensor::from_vector(std::vector<float>{3, 4}, Shape{1, 2})})
+                  .data<float>()[0],
+              11.0 / (std::sqrt(5.0) * 5.0), 1e-6);
+  Dot pair({.axes = {2, 2}});
+  const std::vector<Shape> s = {Shape{4, 3}, Shape{6, 3}};
+  EXPECT_EQ(pair.compute_output_shapes(s)[0], (Shape{4, 6}));
+  Dot mixed({.axes = {1, 2}});
+  const std::vector<Shape> m = {Shape{5, 2, 3}, Shape{4, 5}};
+  EXPECT_EQ(mixed.compute_output_shapes(m)[0], (Shape{2, 3, 4}));
+}
+
+TEST_F(MergingTest, DotGradientsMatchFiniteDifferences) {
+  struct Case {
+    int a, b;
+    bool normalize;
+    Shape x, y;
+  };
+  const std::vector<Case> cases = {
+      {1, 1, false, Shape{3, 4}, Shape{3, 4}},
+      {2, 2, false, Shape{2, 3, 4}, Shape{2, 5, 4}},
+      {1, 2, true, Shape{2, 4, 3}, Shape{2, 2, 4}},
+      {-1, 1, true, Shape{2, 3, 2, 4}, Shape{2, 4, 3}},
+  };
+  for (const Case& c : cases) {
+    Dot dot({.axes = {c.a, c.b}, .normalize = c.normalize});
+    const double err =
+        gradcheck([&](const std::vector<Tensor>& xs) { return dot.call_list(xs, true)[0]; },
+                  {random_tensor(c.x, 7), random_tensor(c.y, 8)}, 1e-3f);
+    EXPECT_LT(err, 1e-2) << dot.config_json() << " " << c.x.to_string() << " " << c.y.to_string();
+  }
+}
+
+// Forward and backward against PyTorch (tools/golden/gen_dot_golden.py), 1e-5 relative.
+TEST_F(MergingTest, DotMatchesTorch) {
+  std::ifstream in(DTRAIN_SOURCE_DIR "/tests/golden/dot_golden.json");
+  ASSERT_TRUE(in) << "tests/golden/dot_golden.json";
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  auto tensor = [](const nlohmann::json& t) {
+    return Tensor::from_vector(t.at("data").get<std::vector<float>>(),
+                               Shape(t.at("shape").get<std::vector<int64_t>>()));
+  };
+  auto expect_close = [](const Tensor& a, const nlohmann::json& e, const std::string& what) {
+    ASSERT_EQ(a.shape(), Shape(e.at("shape").get<std::vector<int64_t>>())) << what;
+    const std::vector<double> want = e.at("data").get<std::vector<double>>();
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(a.data<float>()[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-6) << what << i;
+    }
+  };
+  ASSERT_EQ(doc.at("dot").size(), 6u);
+  for (const nlohmann::json& c : doc.at("dot")) {
+    Dot dot({.axes = {c["axes"][0].get<int>(), c["axes"][1].get<int>()},
+             .normalize = c["normalize"].get<bool>()});
+    const std::string what = dot.config_json();
+    Tensor x = tensor(c["x"]), y = tensor(c["y"]);
+    std::vector<Tensor> grads;
+    Tensor out;
+    {
+      GradientTape tape;
+      tape.watch(x);
+      tape.watch(y);
+      out = dot.call_list(std::vector<Tensor>{x, y}, true)[0];
+      grads = tape.gradient(reduce_sum(multiply(out, tensor(c["w"]))), std::vector<Tensor>{x, y});
+    }
+    expect_close(out, c["out"], what + " out");
+    expect_close(grads[0], c["dx"], what + " dx");
+    expect_close(grads[1], c["dy"], what + " dy");
+  }
+}
+
+TEST_F(MergingTest, DotErrorsNameTheLayerAndConfigsRoundTrip) {
+  Dot dot({.axes = {1, 1}, .name = "d"});
+  const std::vector<Shape> differ = {Shape{3}, Shape{4}};
+  expect_throws_with<InvalidArgumentError>([&] { dot.build_list(differ); },
+                                           {"Dot 'd'", "differ in size", "[3]", "[4]"});
+  Dot batch({.axes = {0, 0}, .name = "b"});
+  const std::vector<Shape> pair = {Shape{3}, Shape{3}};
+  expect_throws_with<InvalidArgumentError>([&] { batch.build_list(pair); },
+                                           {"Dot 'b'", "batch axis"});
+  const std::vector<Shape> three = {Shape{3}, Shape{3}, Shape{3}};
+  expect_throws_with<InvalidArgumentError>([&] { dot.build_list(three); },
+                                           {"Dot 'd'", "exactly 2"});
+  Dot two({.axes = {2, 1}, .normalize = true, .name = "t"});
+  const auto c = nlohmann::json::parse(two.config_json());
+  EXPECT_EQ(c["axes"], nlohmann::json({2, 1}));
+  EXPECT_EQ(c["normalize"], true);
+  EXPECT_EQ(nlohmann::json::parse(dot.config_json())["axes"], 1);
+  // Through a model config and back (the layer registry).
+  KerasTensor a = Input(Shape{3, 4}), b = Input(Shape{4, 5});
+  Functional model({a, b}, {call(Dot({.axes = {2, 1}, .normalize = true, .name = "t"}), {a, b})});
+  auto again = model_from_json(model.to_json());
+  Dot* d = nullptr;
+  for (const auto& l : again->layers()) {
+    if (auto* p = dynamic_cast<Dot*>(l.get())) d = p;
+  }
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->options().axes, (std::array<int, 2>{2, 1}));
+  EXPECT_TRUE(d->options().normalize);
+  EXPECT_EQ(d->name(), "t");
 }
 
 }  // namespace

@@ -389,10 +389,15 @@ TEST(Keras3Errors, ArchivesWithoutConfigOrWithMalformedJson) {
   edit_config(dir.file("good.keras"), dir.file("notamodel.keras"), "c = [1, 2]");
   expect_throws_with<InvalidArgumentError>([&] { (void)load_model(dir.file("notamodel.keras")); },
                                            {"notamodel.keras", "config.json"});
+  edit_config(dir.file("good.keras"), dir.file("subclassed.keras"),
+              "c[\"class_name\"] = \"MyModel\"");
+  expect_throws_with<UnimplementedError>([&] { (void)load_model(dir.file("subclassed.keras")); },
+                                         {"subclassed.keras", "MyModel", "subclassed"});
+  // A Sequential's config relabelled Functional: no input_layers, named in config.json.
   edit_config(dir.file("good.keras"), dir.file("functional.keras"),
               "c[\"class_name\"] = \"Functional\"");
-  expect_throws_with<UnimplementedError>([&] { (void)load_model(dir.file("functional.keras")); },
-                                         {"functional.keras", "Functional", "Sequential models"});
+  expect_throws_with<InvalidArgumentError>([&] { (void)load_model(dir.file("functional.keras")); },
+                                           {"functional.keras", "config.json", "input_layers"});
 }
 
 TEST(Keras3Errors, AKernelShapeThatDoesNotMatchTheConfigNamesLayerAndVariable) {

@@ -29,7 +29,10 @@ struct ConvOptions {
   std::vector<int64_t> dilation_rate = {1};   // as strides
   int64_t groups = 1;                         // Conv1D/Conv2D: input channels split in groups
   int64_t depth_multiplier = 1;               // DepthwiseConv2D only
-  std::string activation = "linear";          // any ops::activation_from_name name
+  // Conv2DTranspose only: extra rows/columns at the end of the output, each < its stride (one
+  // value for every axis, or one per axis); empty: none (Keras's None).
+  std::vector<int64_t> output_padding = {};
+  std::string activation = "linear";  // any ops::activation_from_name name
   bool use_bias = true;
   std::string kernel_initializer = "glorot_uniform";  // Keras identifier or config JSON
   std::string bias_initializer = "zeros";
@@ -79,6 +82,8 @@ class BaseConv : public Layer {
   bool use_bias_;
   std::shared_ptr<Initializer> kernel_init_, bias_init_;
   std::shared_ptr<ops::Conv2DAttrs> attrs_;
+  std::vector<int64_t> output_padding_;           // Conv2DTranspose; empty: none
+  std::shared_ptr<ops::Conv2DAttrs> full_attrs_;  // attrs_ under valid padding (output_padding)
   Variable* kernel_ = nullptr;
   Variable* bias_ = nullptr;
 };
@@ -101,7 +106,9 @@ class DepthwiseConv2D : public BaseConv {
   explicit DepthwiseConv2D(std::vector<int64_t> kernel_size, ConvOptions options = {});
 };
 
-// The transposed ("deconvolution") 2-D convolution; output_padding is not supported.
+// The transposed ("deconvolution") 2-D convolution. With output_padding p the output size along
+// an axis is (in − 1)·stride + k_d − 2·pad + p (k_d the dilated kernel size, pad 0 for valid and
+// k_d / 2 for same), as Keras's deconv_output_length and tf.nn.conv2d_transpose compute it.
 class Conv2DTranspose : public BaseConv {
  public:
   Conv2DTranspose(int64_t filters, std::vector<int64_t> kernel_size, ConvOptions options = {});

@@ -1,4 +1,4 @@
-// The Keras merging layers: Add, Subtract, Multiply, Average, Maximum, Minimum, Concatenate.
+// The Keras merging layers: Add, Subtract, Multiply, Average, Maximum, Minimum, Concatenate, Dot.
 // Each takes a list of inputs through the multi-input interface (call_list / build_list /
 // compute_output_shapes), as in the Functional API: nn::call(nn::Add(), {a, b}). Elementwise
 // merges need inputs of one rank whose dimensions agree or are 1 (broadcast). Errors name the
@@ -6,6 +6,7 @@
 // for Layer.
 #pragma once
 
+#include <array>
 #include <string>
 
 #include "dtrain/nn/layer.h"
@@ -86,6 +87,37 @@ class Concatenate : public Merge {
 
  private:
   int axis_;
+};
+
+struct DotOptions {
+  // The axes (of the batched tensors; negative from the end) contracted in the first and the
+  // second input; Keras's axes=k is {k, k}. The batch axis 0 cannot be contracted.
+  std::array<int, 2> axes = {-1, -1};
+  bool normalize = false;  // L2-normalize both inputs along their axes first (cosine proximity)
+  std::string name = {};   // default "dot", ...
+};
+
+// The batched dot product of two inputs (keras.layers.Dot, Keras's batch_dot): for x [B, ...]
+// and y [B, ...], the sum over x's axes[0] and y's axes[1] (of equal size), the output holding
+// x's other dimensions, then y's: [B, m, k]·[B, n, k] with axes {2, 2} gives [B, m, n]; two
+// [B, k] give [B, 1]. With normalize, each input is first divided by its L2 norm along the
+// axis (at least 1e-6, as Keras's l2_normalize with epsilon 1e-12 on the squared sum).
+class Dot : public Merge {
+ public:
+  explicit Dot(DotOptions options = {});
+  std::string class_name() const override { return "Dot"; }
+  std::string config_json() const override;
+  const DotOptions& options() const { return options_; }
+
+ protected:
+  Tensor merge(std::span<const Tensor> inputs) const override;
+  Shape merged_shape(std::span<const Shape> input_shapes) const override;
+  size_t arity() const override { return 2; }
+
+ private:
+  // The contracted axes of per-example shapes (0-based, without the batch), checked.
+  std::array<int, 2> example_axes(std::span<const Shape> shapes) const;
+  DotOptions options_;
 };
 
 }  // namespace dtrain::nn

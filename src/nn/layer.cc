@@ -54,7 +54,7 @@ void Layer::build_or_check_for(const Tensor& x) {
   const Shape per_example = x.shape().without_first();
   if (!built_) {
     build(per_example);
-  } else if (input_shape_ && *input_shape_ != per_example) {
+  } else if (input_shape_ && !accepts_input_shape(*input_shape_, per_example)) {
     throw InvalidArgumentError(
         str_cat(class_name(), " '", name_, "': expected inputs of shape [batch",
                 input_shape_->rank() ? ", " : "", input_shape_->to_string().substr(1), ", got ",
@@ -98,8 +98,8 @@ std::vector<Tensor> Layer::compute_masks(std::span<const Tensor> inputs,
 
 void Layer::build(const Shape& input_shape) {
   if (built_) {
-    DTRAIN_CHECK(!input_shape_ || *input_shape_ == input_shape, class_name(), " '", name_,
-                 "': already built for input shape ", input_shape_->to_string(),
+    DTRAIN_CHECK(!input_shape_ || accepts_input_shape(*input_shape_, input_shape), class_name(),
+                 " '", name_, "': already built for input shape ", input_shape_->to_string(),
                  ", cannot rebuild for ", input_shape.to_string());
     return;
   }
@@ -111,6 +111,18 @@ void Layer::build(const Shape& input_shape) {
   input_shape_ = input_shape;
   build_impl(input_shape);
   built_ = true;
+}
+
+bool Layer::accepts_input_shape(const Shape& built_for, const Shape& input_shape) const {
+  return built_for == input_shape;
+}
+
+bool Layer::same_rank_and_trailing(const Shape& built_for, const Shape& input_shape, int trailing) {
+  if (built_for.rank() != input_shape.rank() || trailing > built_for.rank()) return false;
+  for (int i = 1; i <= trailing; ++i) {
+    if (built_for.dim(-i) != input_shape.dim(-i)) return false;
+  }
+  return true;
 }
 
 std::vector<Tensor> Layer::call_list(std::span<const Tensor> inputs, bool training) {

@@ -38,6 +38,7 @@ const LayerRegistry& layer_registry() {
     register_embedding_layers(r);
     register_attention_layers(r);
     register_recurrent_layers(r);
+    register_transformer_layers(r);
     return r;
   }();
   return registry;

@@ -49,6 +49,8 @@ void register_core_layers(LayerRegistry& registry);       // layers.cc
 void register_embedding_layers(LayerRegistry& registry);  // embedding.cc
 void register_attention_layers(LayerRegistry& registry);  // attention.cc
 void register_recurrent_layers(LayerRegistry& registry);  // recurrent.cc
+// TransformerBlock and GPT, in transformer.cc.
+void register_transformer_layers(LayerRegistry& registry);
 
 // Rebuilds one layer from {"class_name": ..., "config": {...}} in either Keras dialect: checks
 // the dtype is float32, looks the class up, applies "trainable". Throws InvalidArgumentError

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/transformer.h"
 #include "functional_config.h"
 #include "layer_registry.h"
 
@@ -235,6 +236,11 @@ std::unique_ptr<Model> model_from_json(const std::string& text) {
   // Keras 2 writes "Functional" (and before TF 2.4 "Model") for functional models.
   if (cls == "Functional" || cls == "Model") {
     return detail::functional_from_config(config, "model_from_json");
+  }
+  // dtrain's subclassed models (Keras 3 writes them as {"module": "dtrain", "class_name": "GPT",
+  // "registered_name": "dtrain>GPT"}).
+  if (cls == "GPT" || j.value("registered_name", json()) == json("dtrain>GPT")) {
+    return GPT::from_config(config.dump(), "model_from_json: GPT config");
   }
   DTRAIN_CHECK(cls == "Sequential", "model_from_json: model class '", cls,
                "' is not supported (Sequential and Functional models can be rebuilt from JSON)");

@@ -111,6 +111,10 @@ class MultiHeadAttention : public Layer {
 
  protected:
   void build_impl(const Shape& input_shape) override;
+  // Self-attention through Layer::operator(): any length with the built features.
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, 1);
+  }
 
  private:
   // Creates the weights for query, value and key feature sizes.

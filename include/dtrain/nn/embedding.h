@@ -42,6 +42,12 @@ class Embedding : public Layer {
   bool mask_zero() const { return mask_zero_; }
   Variable& embeddings() { return *embeddings_; }
 
+ protected:
+  // A declared input shape fixes the rank only: ids of any length map to the same table.
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, 0);
+  }
+
  private:
   int64_t input_dim_;
   int64_t output_dim_;

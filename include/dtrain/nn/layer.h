@@ -34,7 +34,8 @@ class Layer : public std::enable_shared_from_this<Layer> {
   virtual std::string class_name() const = 0;
 
   // Applies the layer: builds it from x's shape on the first call, checks the shape on later
-  // ones (InvalidArgumentError naming the layer and both shapes), then runs call().
+  // ones against accepts_input_shape() (InvalidArgumentError naming the layer and both shapes),
+  // then runs call().
   Tensor operator()(const Tensor& x, bool training = false);
   // The computation; x includes the batch dimension.
   virtual Tensor call(const Tensor& x, bool training) = 0;
@@ -82,8 +83,8 @@ class Layer : public std::enable_shared_from_this<Layer> {
   virtual void build_list(std::span<const Shape> input_shapes);
   virtual std::vector<Shape> compute_output_shapes(std::span<const Shape> input_shapes) const;
 
-  // Creates the weights for inputs of `input_shape` (without batch). Idempotent for the same
-  // shape; a different shape after building throws InvalidArgumentError.
+  // Creates the weights for inputs of `input_shape` (without batch). Idempotent for a shape the
+  // built layer accepts (accepts_input_shape); another shape throws InvalidArgumentError.
   void build(const Shape& input_shape);
   bool built() const { return built_; }
   // The per-example input shape it was built for (or was declared with input_shape).
@@ -108,6 +109,14 @@ class Layer : public std::enable_shared_from_this<Layer> {
  protected:
   // Subclasses create weights here.
   virtual void build_impl(const Shape& /*input_shape*/) {}
+  // Whether a layer built for per-example shape `built_for` takes inputs of `input_shape` (both
+  // without batch), as Keras's None dimensions: the default takes only `built_for`; layers whose
+  // weights depend only on trailing axes take other sizes of the leading ones (Dense: same rank
+  // and last axis, so a model built on 128 tokens runs on 37). docs/decisions.md.
+  virtual bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const;
+  // Same rank and the same sizes on the last `trailing` axes.
+  static bool same_rank_and_trailing(const Shape& built_for, const Shape& input_shape,
+                                     int trailing);
   // Creates a weight "<name()>/<weight_name>" initialized by `init`.
   Variable& add_weight(const std::string& weight_name, const Shape& shape, Initializer& init,
                        bool trainable = true);

@@ -55,6 +55,10 @@ class Dense : public Layer {
 
  protected:
   void build_impl(const Shape& input_shape) override;
+  // Any shape with the built rank and last axis (the kernel depends only on it).
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, 1);
+  }
 
  private:
   int64_t units_;
@@ -114,6 +118,12 @@ class Dropout : public Layer {
   // Sets the seed and every replica's call count.
   void set_rng_state(RngState s);
 
+ protected:
+  // No weights: any shape of the built rank.
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, 0);
+  }
+
  private:
   float rate_;
   std::optional<uint64_t> seed_;
@@ -135,6 +145,12 @@ class Activation : public Layer {
   bool supports_masking() const override { return true; }  // passes the time mask on
   Tensor call(const Tensor& x, bool training) override;
   std::string config_json() const override;
+
+ protected:
+  // No weights: any shape of the built rank.
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, 0);
+  }
 
  private:
   ops::Activation activation_;

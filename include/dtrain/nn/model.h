@@ -123,6 +123,11 @@ class Model : public Layer {
  protected:
   // Builds a subclassed model by running call() on a zero batch of one example.
   void build_impl(const Shape& input_shape) override;
+  // Any shape of the built rank: each sub-layer checks its own axes when called (a wrong feature
+  // size throws naming that layer), so a model built on 128 tokens runs on 37.
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, 0);
+  }
 
  private:
   std::vector<std::shared_ptr<Layer>> layers_;
@@ -168,7 +173,8 @@ class Sequential : public Model {
 };
 
 // Rebuilds a model from Keras's model JSON: a Sequential, or a Functional (class "Functional"
-// or "Model"; dtrain/nn/functional.h), of any registered layer classes, as written by Keras 2.x
+// or "Model"; dtrain/nn/functional.h), of any registered layer classes, or dtrain's GPT
+// (dtrain/nn/transformer.h), as written by Keras 2.x
 // or Keras 3 `model.to_json()` or found in an .h5 model_config. Throws InvalidArgumentError
 // naming the problem and the JSON path (e.g. "layers[2]").
 std::unique_ptr<Model> model_from_json(const std::string& json);

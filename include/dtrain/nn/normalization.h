@@ -114,6 +114,11 @@ class LayerNormalization : public Layer {
 
  protected:
   void build_impl(const Shape& input_shape) override;
+  // Any shape with the built rank and normalized (trailing) axes: gamma and beta depend only on
+  // them.
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, static_cast<int>(built_axes_.size()));
+  }
 
  private:
   LayerNormalizationOptions options_;

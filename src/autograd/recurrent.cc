@@ -92,8 +92,10 @@ void reverse_backward(Tape& t, const Node& n, Tensor g) { t.accumulate(n.in[0], 
 }  // namespace
 
 Tensor recurrent_sequence(const ops::RecurrentSpec& spec, const Tensor& x, const Tensor& kernel,
-                          const Tensor& recurrent_kernel, const Tensor& bias, const char* who) {
-  ops::RecurrentForward fwd = ops::recurrent_forward(spec, x, kernel, recurrent_kernel, bias, who);
+                          const Tensor& recurrent_kernel, const Tensor& bias, const char* who,
+                          const Tensor& mask) {
+  ops::RecurrentForward fwd =
+      ops::recurrent_forward(spec, x, kernel, recurrent_kernel, bias, who, mask);
   Tensor states = fwd.states;
   Tape* t = Tape::current();
   if (t == nullptr) return states;

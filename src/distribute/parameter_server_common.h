@@ -55,10 +55,10 @@ inline void to_proto(const optim::OptimizerConfig& c, pb::OptimizerConfigProto* 
     out->add_hyperparameter_values(v);
   }
   if (c.learning_rate_schedule) {
-    DTRAIN_CHECK(c.learning_rate_schedule->lists.empty(),
-                 "ParameterServerStrategy: learning-rate schedule ",
-                 c.learning_rate_schedule->class_name,
-                 " has list arguments, which parameter servers do not support");
+    DTRAIN_CHECK(
+        c.learning_rate_schedule->lists.empty() && c.learning_rate_schedule->schedules.empty(),
+        "ParameterServerStrategy: learning-rate schedule ", c.learning_rate_schedule->class_name,
+        " has list or schedule arguments, which parameter servers do not support");
     out->set_schedule_class(c.learning_rate_schedule->class_name);
     for (const auto& [k, v] : c.learning_rate_schedule->scalars) {
       out->add_schedule_keys(k);

@@ -1,12 +1,15 @@
 // MultiHeadAttention.
 #include "dtrain/nn/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "config.h"
 #include "dtrain/autograd/attention.h"
 #include "dtrain/autograd/functions.h"
+#include "dtrain/autograd/gradient_tape.h"
 #include "layer_registry.h"
+#include "masking.h"
 
 namespace dtrain::nn {
 
@@ -84,6 +87,50 @@ Tensor project(const Tensor& x, const Variable& kernel, const Variable* bias) {
 
 }  // namespace
 
+Tensor MultiHeadAttention::combined_mask(const AttentionCallOptions& options,
+                                         const Tensor& attention_mask, int64_t batch, int64_t t_len,
+                                         int64_t s_len) const {
+  // Keras's _compute_attention_mask: query_mask[:, :, None] & value_mask[:, None, :] &
+  // key_mask[:, None, :] & attention_mask & causal (s <= t), materialized as [batch, 1, T, S].
+  auto rows = [&](const Tensor& m, int64_t len) {
+    return m.defined() ? detail::sequence_mask(m, batch, len, *this) : Tensor();
+  };
+  const Tensor qm = rows(options.query_mask, t_len);
+  const Tensor vm = rows(options.value_mask, s_len);
+  const Tensor km = rows(options.key_mask, s_len);
+  Tensor am;  // [B or 1, 1, T or 1, S or 1] (rank 4 after the reshape above) or [T|1, S|1]
+  int64_t ab = 1, at = 1, as = 1;
+  if (attention_mask.defined()) {
+    am = detail::nonzero_mask(attention_mask);
+    const Shape& m = am.shape();
+    ab = m.rank() == 4 ? m[0] : 1;
+    at = m.dim(-2);
+    as = m.dim(-1);
+  }
+  Tensor out(Shape{batch, 1, t_len, s_len});
+  float* o = out.data<float>();
+  const float* pq = qm.defined() ? qm.data<float>() : nullptr;
+  const float* pv = vm.defined() ? vm.data<float>() : nullptr;
+  const float* pk = km.defined() ? km.data<float>() : nullptr;
+  const float* pa = am.defined() ? am.data<float>() : nullptr;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < t_len; ++t) {
+      const float q = pq ? pq[b * t_len + t] : 1.0f;
+      for (int64_t s = 0; s < s_len; ++s) {
+        float v = q;
+        if (pv) v *= pv[b * s_len + s];
+        if (pk) v *= pk[b * s_len + s];
+        if (pa) {
+          v *= pa[((ab == 1 ? 0 : b) * at + (at == 1 ? 0 : t)) * as + (as == 1 ? 0 : s)];
+        }
+        if (options.use_causal_mask && s > t) v = 0.0f;
+        o[(b * t_len + t) * s_len + s] = v;
+      }
+    }
+  }
+  return out;
+}
+
 Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
                                   const AttentionCallOptions& options) {
   const Tensor& key = options.key.defined() ? options.key : value;
@@ -118,6 +165,14 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
                  " does not match [batch, T, S] = [", batch, ", ", t_len, ", ", s_len, "]");
     if (m.rank() == 3) mask = mask.reshape(Shape{m[0], 1, m[1], m[2]});
   }
+  // With any mask, the causal mask joins the combined mask (one −1e9 per masked score, so a
+  // fully masked row is uniform, as Keras's single combined mask gives).
+  const bool keras_masks =
+      options.query_mask.defined() || options.value_mask.defined() || options.key_mask.defined();
+  if (keras_masks || (mask.defined() && options.use_causal_mask)) {
+    mask = combined_mask(options, mask, batch, t_len, s_len);
+  }
+  const bool causal_in_softmax = options.use_causal_mask && !mask.defined();
 
   const Tensor q = project(query, *wq_, bq_);
   const Tensor k = project(key, *wk_, bk_);
@@ -125,11 +180,57 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
   const Tensor scores = multihead_scores(q, k);  // [B, N, T, S]
   const Tensor probs = masked_softmax(
       scores, mask,
-      {.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)), .causal = options.use_causal_mask});
+      {.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)), .causal = causal_in_softmax});
   if (options.attention_scores) *options.attention_scores = probs;
   // Dropout::call directly: Layer::operator() would pin the first call's [B, N, T, S].
   const Tensor dropped = dropout_rate_ > 0.0f ? dropout_.call(probs, options.training) : probs;
   const Tensor context = multihead_combine(dropped, v);  // [B, T, N, Hv]
+  const Tensor flat = reshape(context, Shape{batch * t_len, num_heads_ * value_dim_});
+  const Tensor w = reshape(wo_->value(), Shape{num_heads_ * value_dim_, out_features_});
+  const Tensor b = bo_ ? bo_->value() : Tensor();
+  return reshape(dense(flat, w, b, ops::Activation::kLinear), Shape{batch, t_len, out_features_});
+}
+
+namespace {
+
+// a [B, S, N, H] ++ b [B, t, N, H] along time (a undefined: b).
+Tensor append_time(const Tensor& a, const Tensor& b) {
+  if (!a.defined()) return b.clone();
+  const int64_t B = a.dim(0), S = a.dim(1), t = b.dim(1);
+  const int64_t row = a.dim(2) * a.dim(3);
+  Tensor out(Shape{B, S + t, a.dim(2), a.dim(3)});
+  for (int64_t i = 0; i < B; ++i) {
+    std::copy_n(a.data<float>() + i * S * row, S * row, out.data<float>() + i * (S + t) * row);
+    std::copy_n(b.data<float>() + i * t * row, t * row,
+                out.data<float>() + (i * (S + t) + S) * row);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor MultiHeadAttention::call_cached(const Tensor& x, AttentionCache& cache) {
+  NoGradGuard no_grad;
+  DTRAIN_CHECK(x.defined() && x.dtype() == DType::kFloat32 && x.rank() == 3 && x.dim(1) > 0,
+               "MultiHeadAttention '", name(),
+               "': call_cached expects float32 [batch, t > 0, features], got ",
+               x.defined() ? x.shape().to_string() : std::string("undefined"));
+  build_for(x.dim(2), x.dim(2), x.dim(2));
+  if (!built()) mark_built();
+  DTRAIN_CHECK(cache.length() == 0 || cache.keys.dim(0) == x.dim(0), "MultiHeadAttention '", name(),
+               "': the cache holds a batch of ", cache.length() ? cache.keys.dim(0) : 0,
+               ", got inputs ", x.shape().to_string());
+  const int64_t batch = x.dim(0), t_len = x.dim(1);
+  const Tensor q = project(x, *wq_, bq_);
+  cache.keys = append_time(cache.keys, project(x, *wk_, bk_));
+  cache.values = append_time(cache.values, project(x, *wv_, bv_));
+  // New position i is absolute position past + i: it sees the cache and the new ones up to i.
+  const int64_t past = cache.length() - t_len;
+  const Tensor probs = masked_softmax(multihead_scores(q, cache.keys), Tensor(),
+                                      {.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)),
+                                       .causal = true,
+                                       .causal_offset = past});
+  const Tensor context = multihead_combine(probs, cache.values);
   const Tensor flat = reshape(context, Shape{batch * t_len, num_heads_ * value_dim_});
   const Tensor w = reshape(wo_->value(), Shape{num_heads_ * value_dim_, out_features_});
   const Tensor b = bo_ ? bo_->value() : Tensor();
@@ -145,18 +246,40 @@ Tensor MultiHeadAttention::call(const Tensor& x, bool training) {
   return attend(x, x, {.training = training});
 }
 
+Tensor MultiHeadAttention::call_with_mask(const Tensor& x, const Tensor& mask, bool training) {
+  return attend(x, x, {.query_mask = mask, .value_mask = mask, .training = training});
+}
+
 std::vector<Tensor> MultiHeadAttention::call_list(std::span<const Tensor> inputs, bool training) {
+  return call_list_masked(inputs, {}, training);
+}
+
+std::vector<Tensor> MultiHeadAttention::call_list_masked(std::span<const Tensor> inputs,
+                                                         std::span<const Tensor> masks,
+                                                         bool training) {
   DTRAIN_CHECK(inputs.size() >= 2 && inputs.size() <= 4, "MultiHeadAttention '", name(),
                "': expects inputs {query, value[, key[, attention_mask]]}, got ", inputs.size());
+  auto mask_of = [&](size_t i) { return i < masks.size() ? masks[i] : Tensor(); };
   Tensor scores;
   AttentionCallOptions o{.key = inputs.size() >= 3 ? inputs[2] : Tensor(),
                          .attention_mask = inputs.size() == 4 ? inputs[3] : Tensor(),
                          .use_causal_mask = functional_causal_,
+                         .query_mask = mask_of(0),
+                         .value_mask = mask_of(1),
+                         .key_mask = inputs.size() >= 3 ? mask_of(2) : Tensor(),
                          .training = training,
                          .attention_scores = functional_scores_ ? &scores : nullptr};
   Tensor out = attend(inputs[0], inputs[1], o);
   if (functional_scores_) return {out, scores};
   return {out};
+}
+
+std::vector<Tensor> MultiHeadAttention::compute_masks(std::span<const Tensor> /*inputs*/,
+                                                      std::span<const Tensor> masks,
+                                                      size_t num_outputs) const {
+  std::vector<Tensor> out(num_outputs);
+  if (num_outputs > 0 && !masks.empty()) out[0] = masks[0];  // Keras: the query's mask
+  return out;
 }
 
 void MultiHeadAttention::build_list(std::span<const Shape> input_shapes) {

@@ -4,6 +4,7 @@
 #include "config.h"
 #include "dtrain/autograd/embedding.h"
 #include "layer_registry.h"
+#include "masking.h"
 
 namespace dtrain::nn {
 
@@ -16,7 +17,8 @@ Embedding::Embedding(int64_t input_dim, int64_t output_dim, EmbeddingOptions opt
       mask_zero_(options.mask_zero),
       input_length_(options.input_length),
       init_(detail::make_initializer(options.embeddings_initializer, options.seed)),
-      where_(str_cat("Embedding '", name(), "'")) {
+      where_(str_cat("Embedding '", name(), "'")),
+      lookup_where_(str_cat(where_, " (input_dim ", input_dim, ")")) {
   DTRAIN_CHECK(input_dim > 0 && output_dim > 0, where_,
                ": input_dim and output_dim must be positive, got ", input_dim, " and ", output_dim);
   embeddings_ = &add_weight("embeddings", Shape{input_dim_, output_dim_}, *init_);
@@ -29,7 +31,11 @@ Embedding::Embedding(int64_t input_dim, int64_t output_dim, EmbeddingOptions opt
 }
 
 Tensor Embedding::call(const Tensor& ids, bool) {
-  return embedding_lookup(embeddings_->value(), ids, where_);
+  return embedding_lookup(embeddings_->value(), ids, lookup_where_);
+}
+
+Tensor Embedding::compute_mask(const Tensor& ids, const Tensor& /*mask*/) const {
+  return mask_zero_ ? detail::nonzero_mask(ids) : Tensor();
 }
 
 Shape Embedding::compute_output_shape(const Shape& input_shape) const {

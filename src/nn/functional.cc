@@ -245,22 +245,37 @@ std::vector<Tensor> Functional::call_list(std::span<const Tensor> inputs, bool t
                  ", got ", x.defined() ? x.shape().to_string() : std::string("undefined"));
     values[input_slots_[i]] = x;
   }
-  std::vector<Tensor> args;
+  // Keras masks (Layer::call_masked) travel beside the values, one per slot.
+  std::vector<Tensor> masks(num_slots_);
+  std::vector<Tensor> args, arg_masks;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const detail::SymbolicNode& node = *nodes_[i];
     if (node.is_input()) continue;
     const size_t out = output_offsets_[i];
     if (!node.list_input && arg_slots_[i].size() == 1 && node.output_shapes.size() == 1) {
-      values[out] = (*node.layer)(values[arg_slots_[i][0]], training);
+      const size_t in = arg_slots_[i][0];
+      values[out] = node.layer->call_masked(values[in], masks[in], training);
+      masks[out] = node.layer->compute_mask(values[in], masks[in]);
       continue;
     }
     args.clear();
-    for (size_t s : arg_slots_[i]) args.push_back(values[s]);
-    std::vector<Tensor> ys = node.layer->call_list(args, training);
+    arg_masks.clear();
+    bool any_mask = false;
+    for (size_t s : arg_slots_[i]) {
+      args.push_back(values[s]);
+      arg_masks.push_back(masks[s]);
+      any_mask = any_mask || masks[s].defined();
+    }
+    std::vector<Tensor> ys = any_mask ? node.layer->call_list_masked(args, arg_masks, training)
+                                      : node.layer->call_list(args, training);
     DTRAIN_CHECK(ys.size() == node.output_shapes.size(), "Functional '", name(), "': layer '",
                  node.layer->name(), "' gave ", ys.size(), " outputs, expected ",
                  node.output_shapes.size());
-    for (size_t k = 0; k < ys.size(); ++k) values[out + k] = std::move(ys[k]);
+    std::vector<Tensor> ms = node.layer->compute_masks(args, arg_masks, ys.size());
+    for (size_t k = 0; k < ys.size(); ++k) {
+      values[out + k] = std::move(ys[k]);
+      if (k < ms.size()) masks[out + k] = std::move(ms[k]);
+    }
   }
   std::vector<Tensor> result;
   result.reserve(outputs_.size());

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "config.h"
+#include "masking.h"
 
 namespace dtrain::nn {
 namespace {
@@ -46,7 +47,7 @@ std::string to_snake_case(const std::string& class_name) {
 Layer::Layer(std::string name) : name_(std::move(name)) {}
 Layer::~Layer() = default;
 
-Tensor Layer::operator()(const Tensor& x, bool training) {
+void Layer::build_or_check_for(const Tensor& x) {
   DTRAIN_CHECK(x.defined(), class_name(), " '", name_, "': input is undefined");
   DTRAIN_CHECK(x.rank() >= 1, class_name(), " '", name_,
                "': input must have a batch dimension, got shape ", x.shape().to_string());
@@ -59,7 +60,40 @@ Tensor Layer::operator()(const Tensor& x, bool training) {
                 input_shape_->rank() ? ", " : "", input_shape_->to_string().substr(1), ", got ",
                 x.shape().to_string()));
   }
+}
+
+Tensor Layer::operator()(const Tensor& x, bool training) {
+  build_or_check_for(x);
   return call(x, training);
+}
+
+Tensor Layer::call_masked(const Tensor& x, const Tensor& mask, bool training) {
+  build_or_check_for(x);
+  return mask.defined() ? call_with_mask(x, mask, training) : call(x, training);
+}
+
+Tensor Layer::compute_mask(const Tensor& /*x*/, const Tensor& mask) const {
+  return supports_masking() ? mask : Tensor();
+}
+
+std::vector<Tensor> Layer::call_list_masked(std::span<const Tensor> inputs,
+                                            std::span<const Tensor> /*masks*/, bool training) {
+  return call_list(inputs, training);
+}
+
+std::vector<Tensor> Layer::compute_masks(std::span<const Tensor> inputs,
+                                         std::span<const Tensor> masks, size_t num_outputs) const {
+  std::vector<Tensor> out(num_outputs);
+  if (num_outputs == 0) return out;
+  if (inputs.size() == 1) {
+    out[0] = compute_mask(inputs[0], masks.empty() ? Tensor() : masks[0]);
+    return out;
+  }
+  if (!supports_masking()) return out;
+  for (const Tensor& m : masks) {
+    if (m.defined()) out[0] = out[0].defined() ? detail::mask_and(out[0], m, *this) : m;
+  }
+  return out;
 }
 
 void Layer::build(const Shape& input_shape) {

@@ -163,8 +163,12 @@ void Sequential::build_impl(const Shape& input_shape) {
 
 Tensor Sequential::call(const Tensor& x, bool training) {
   DTRAIN_CHECK(!layers().empty(), "Sequential '", name(), "': the model has no layers");
-  Tensor h = x;
-  for (const auto& l : layers()) h = (*l)(h, training);
+  Tensor h = x, mask;  // the Keras mask travels beside the value (Layer::call_masked)
+  for (const auto& l : layers()) {
+    Tensor y = l->call_masked(h, mask, training);
+    mask = l->compute_mask(h, mask);
+    h = std::move(y);
+  }
   return h;
 }
 

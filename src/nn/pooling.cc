@@ -5,6 +5,7 @@
 #include "dtrain/autograd/convolution.h"
 #include "dtrain/autograd/functions.h"
 #include "layer_registry.h"
+#include "masking.h"
 
 namespace dtrain::nn {
 
@@ -131,6 +132,26 @@ Tensor BaseGlobalPool::call(const Tensor& in, bool) {
                rank_ + 2, ", got ", in.shape().to_string());
   const Tensor x = channels_first_ ? to_channels_last(in) : in;
   Tensor y = kind_ == ops::PoolKind::kMax ? global_max_pool(x) : global_avg_pool(x);
+  if (!keepdims_) return y;
+  return reshape(y, compute_output_shape(in.shape().without_first()).with_first(in.dim(0)));
+}
+
+Tensor BaseGlobalPool::call_with_mask(const Tensor& in, const Tensor& mask, bool training) {
+  if (kind_ != ops::PoolKind::kAverage || rank_ != 1) return call(in, training);
+  DTRAIN_CHECK(in.rank() == 3, class_name(), " '", name(), "': expected inputs of rank 3, got ",
+               in.shape().to_string());
+  const Tensor x = channels_first_ ? to_channels_last(in) : in;  // [B, T, C]
+  const int64_t B = x.dim(0), T = x.dim(1);
+  const Tensor m = detail::sequence_mask(mask, B, T, *this);
+  // sum_t x·m / max(sum_t m, 1): the mask is a constant, so only the product is differentiated.
+  Tensor inv_count(Shape{B, 1});
+  for (int64_t b = 0; b < B; ++b) {
+    float n = 0.0f;
+    for (int64_t t = 0; t < T; ++t) n += m.data<float>()[b * T + t];
+    inv_count.data<float>()[b] = 1.0f / std::max(n, 1.0f);
+  }
+  const Tensor sum = reduce_sum(multiply(x, reshape(m, Shape{B, T, 1})), 1);  // [B, C]
+  Tensor y = multiply(sum, inv_count);
   if (!keepdims_) return y;
   return reshape(y, compute_output_shape(in.shape().without_first()).with_first(in.dim(0)));
 }

@@ -5,6 +5,7 @@
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/recurrent.h"
 #include "layer_registry.h"
+#include "masking.h"
 
 namespace dtrain::nn {
 
@@ -73,13 +74,14 @@ void RecurrentLayer::build_impl(const Shape& input_shape) {
   }
 }
 
-std::vector<Tensor> RecurrentLayer::call_with_states(const Tensor& x) {
+std::vector<Tensor> RecurrentLayer::call_with_states(const Tensor& x, const Tensor& mask) {
   DTRAIN_CHECK(x.defined() && x.rank() == 3, where_,
                ": expected inputs [batch, time, features], got ",
                x.defined() ? x.shape().to_string() : "undefined");
   if (!built()) build(x.shape().without_first());
+  const Tensor m = mask.defined() ? detail::sequence_mask(mask, x.dim(0), x.dim(1), *this) : mask;
   const Tensor states = recurrent_sequence(spec_, x, kernel_->value(), recurrent_kernel_->value(),
-                                           bias_ ? bias_->value() : Tensor(), where_.c_str());
+                                           bias_ ? bias_->value() : Tensor(), where_.c_str(), m);
   const int64_t B = x.dim(0), T = x.dim(1), u = units_;
   DTRAIN_CHECK(T > 0, where_, ": the input sequence is empty (", x.shape().to_string(), ")");
   const Tensor h = reshape(slice_sequence(states, T - 1, T, 0, u), Shape{B, u});
@@ -91,11 +93,25 @@ std::vector<Tensor> RecurrentLayer::call_with_states(const Tensor& x) {
 
 Tensor RecurrentLayer::call(const Tensor& x, bool) { return call_with_states(x)[0]; }
 
+Tensor RecurrentLayer::call_with_mask(const Tensor& x, const Tensor& mask, bool) {
+  return call_with_states(x, mask)[0];
+}
+
+Tensor RecurrentLayer::compute_mask(const Tensor&, const Tensor& mask) const {
+  return options_.return_sequences ? mask : Tensor();
+}
+
 std::vector<Tensor> RecurrentLayer::call_list(std::span<const Tensor> inputs, bool training) {
+  return call_list_masked(inputs, {}, training);
+}
+
+std::vector<Tensor> RecurrentLayer::call_list_masked(std::span<const Tensor> inputs,
+                                                     std::span<const Tensor> masks, bool training) {
   DTRAIN_CHECK(inputs.size() == 1, where_,
                ": expects one input (initial states are not supported), got ", inputs.size());
-  if (!options_.return_state) return {(*this)(inputs[0], training)};
-  return call_with_states(inputs[0]);  // builds on the first call
+  const Tensor mask = masks.empty() ? Tensor() : masks[0];
+  if (!options_.return_state) return {call_masked(inputs[0], mask, training)};
+  return call_with_states(inputs[0], mask);  // builds on the first call
 }
 
 Shape RecurrentLayer::compute_output_shape(const Shape& input_shape) const {
@@ -189,11 +205,18 @@ void Bidirectional::build_impl(const Shape& input_shape) {
   backward_->build(input_shape);
 }
 
-std::vector<Tensor> Bidirectional::run(const Tensor& x) {
-  std::vector<Tensor> f = forward_->call_with_states(x);
-  std::vector<Tensor> b = backward_->call_with_states(x);
+std::vector<Tensor> Bidirectional::run(const Tensor& x, const Tensor& mask) {
+  std::vector<Tensor> f = forward_->call_with_states(x, mask);
+  std::vector<Tensor> b = backward_->call_with_states(x, mask);
   Tensor yb = b[0];
   if (backward_->options().return_sequences) yb = reverse_sequence(yb);
+  if (mask.defined() && forward_->options().return_sequences) {
+    // Keras's Bidirectional sets zero_output_for_mask = return_sequences on both directions.
+    const Tensor m = reshape(detail::sequence_mask(mask, x.dim(0), x.dim(1), *this),
+                             Shape{x.dim(0), x.dim(1), 1});
+    f[0] = multiply(f[0], m);
+    yb = multiply(yb, m);
+  }
   Tensor merged;
   if (merge_mode_ == "concat") {
     merged = concat_last_axis(f[0], yb);
@@ -210,16 +233,30 @@ std::vector<Tensor> Bidirectional::run(const Tensor& x) {
   return out;
 }
 
-Tensor Bidirectional::call(const Tensor& x, bool) { return run(x)[0]; }
+Tensor Bidirectional::call(const Tensor& x, bool) { return run(x, Tensor())[0]; }
+
+Tensor Bidirectional::call_with_mask(const Tensor& x, const Tensor& mask, bool) {
+  return run(x, mask)[0];
+}
+
+Tensor Bidirectional::compute_mask(const Tensor&, const Tensor& mask) const {
+  return forward_->options().return_sequences ? mask : Tensor();
+}
 
 std::vector<Tensor> Bidirectional::call_list(std::span<const Tensor> inputs, bool training) {
+  return call_list_masked(inputs, {}, training);
+}
+
+std::vector<Tensor> Bidirectional::call_list_masked(std::span<const Tensor> inputs,
+                                                    std::span<const Tensor> masks, bool training) {
   DTRAIN_CHECK(inputs.size() == 1, "Bidirectional '", name(), "': expects one input, got ",
                inputs.size());
-  if (!forward_->options().return_state) return {(*this)(inputs[0], training)};
+  const Tensor mask = masks.empty() ? Tensor() : masks[0];
+  if (!forward_->options().return_state) return {call_masked(inputs[0], mask, training)};
   DTRAIN_CHECK(inputs[0].defined() && inputs[0].rank() == 3, "Bidirectional '", name(),
                "': expected inputs [batch, time, features]");
   if (!built()) build(inputs[0].shape().without_first());
-  return run(inputs[0]);
+  return run(inputs[0], mask);
 }
 
 Shape Bidirectional::compute_output_shape(const Shape& input_shape) const {

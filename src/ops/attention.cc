@@ -133,7 +133,8 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask, const MaskedSoftmaxOp
     float* yr = py + r * s_len;
     const int64_t t = r % t_len;
     // Causal: keys after the query position are masked (Keras's lower-triangular mask).
-    const int64_t visible = options.causal ? std::min(s_len, t + 1) : s_len;
+    const int64_t visible =
+        options.causal ? std::clamp<int64_t>(t + 1 + options.causal_offset, 0, s_len) : s_len;
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t s = 0; s < s_len; ++s) {
       float v = xr[s] * scale;

@@ -46,7 +46,7 @@ int64_t gate_count(RecurrentCell c) { return c == RecurrentCell::kLstm ? 4 : 3; 
 
 RecurrentForward recurrent_forward(const RecurrentSpec& spec, const Tensor& x, const Tensor& kernel,
                                    const Tensor& recurrent_kernel, const Tensor& bias,
-                                   const char* who) {
+                                   const char* who, const Tensor& mask) {
   DTRAIN_CHECK(
       spec.activation != Activation::kSoftmax && spec.recurrent_activation != Activation::kSoftmax,
       who, ": softmax is not supported as a recurrent activation");
@@ -68,7 +68,13 @@ RecurrentForward recurrent_forward(const RecurrentSpec& spec, const Tensor& x, c
   }
   const int64_t GW = 4 * u;                                          // gates row width
   const int64_t SW = spec.cell == RecurrentCell::kLstm ? 2 * u : u;  // states row width
-  RecurrentForward out{Tensor(Shape{B, T, SW}), Tensor(Shape{B, T, GW})};
+  if (mask.defined()) {
+    DTRAIN_CHECK(mask.dtype() == DType::kFloat32 && mask.shape() == (Shape{B, T}), who,
+                 ": the mask must be float32 [batch, time] = [", B, ", ", T, "], got ",
+                 dtype_name(mask.dtype()), " ", mask.shape().to_string());
+  }
+  RecurrentForward out{Tensor(Shape{B, T, SW}), Tensor(Shape{B, T, GW}), mask};
+  const float* pm = mask.defined() ? mask.data<float>() : nullptr;
   float* gates = out.gates.data<float>();
   float* states = out.states.data<float>();
   const float* W = kernel.data<float>();
@@ -158,6 +164,18 @@ RecurrentForward recurrent_forward(const RecurrentSpec& spec, const Tensor& x, c
         }
         break;
     }
+    if (pm) {
+      // A masked step keeps the previous state (and so the previous output), as Keras's rnn.
+      for (int64_t b = 0; b < B; ++b) {
+        if (pm[b * T + tau] != 0.0f) continue;
+        float* hb = h + b * T * SW;
+        if (s == 0) {
+          std::fill_n(hb, SW, 0.0f);
+        } else {
+          std::copy_n(hb - SW, SW, hb);
+        }
+      }
+    }
   }
   return out;
 }
@@ -184,6 +202,13 @@ RecurrentGradients recurrent_backward(const RecurrentSpec& spec, const Tensor& x
   std::vector<float> tmp(static_cast<size_t>(B * 3 * u));
   const std::vector<float> zeros(static_cast<size_t>(B * u), 0.0f);
   float* dz_all = dZ.data<float>();
+  const float* pm = forward.mask.defined() ? forward.mask.data<float>() : nullptr;
+  // A masked step passed its state through: its gradient goes straight to the previous step.
+  std::vector<float> carry_h, carry_c;
+  if (pm) {
+    carry_h.resize(dh_next.size());
+    carry_c.resize(dc_next.size());
+  }
   for (int64_t s = T - 1; s >= 0; --s) {
     const int64_t tau = spec.go_backwards ? T - 1 - s : s;
     const float* hp = s == 0 ? zeros.data() : states + (s - 1) * SW;
@@ -191,9 +216,23 @@ RecurrentGradients recurrent_backward(const RecurrentSpec& spec, const Tensor& x
     const float* z = gates + tau * GW;
     float* dz = dz_all + tau * Gu;
     const float* ds = dS + s * SW;
+    auto masked = [&](int64_t b) { return pm != nullptr && pm[b * T + tau] == 0.0f; };
+    if (pm) {
+      for (int64_t b = 0; b < B; ++b) {
+        if (!masked(b)) continue;
+        const float* dsb = ds + b * T * SW;
+        for (int64_t j = 0; j < u; ++j) {
+          carry_h[b * u + j] = dsb[j] + dh_next[b * u + j];
+          if (spec.cell == RecurrentCell::kLstm) {
+            carry_c[b * u + j] = dsb[u + j] + dc_next[b * u + j];
+          }
+        }
+      }
+    }
     switch (spec.cell) {
       case RecurrentCell::kLstm:
         for (int64_t b = 0; b < B; ++b) {
+          if (masked(b)) continue;
           const float* zb = z + b * T * GW;
           float* dzb = dz + b * T * Gu;
           const float* dsb = ds + b * T * SW;
@@ -216,9 +255,13 @@ RecurrentGradients recurrent_backward(const RecurrentSpec& spec, const Tensor& x
         break;
       case RecurrentCell::kGru:
         for (int64_t b = 0; b < B; ++b) {
+          float* tb = tmp.data() + b * 3 * u;
+          if (masked(b)) {
+            std::fill_n(tb, 3 * u, 0.0f);
+            continue;
+          }
           const float* zb = z + b * T * GW;
           float* dzb = dz + b * T * Gu;
-          float* tb = tmp.data() + b * 3 * u;
           const float* hpb = hp + b * hp_ld;
           const float* dsb = ds + b * T * SW;
           for (int64_t j = 0; j < u; ++j) {
@@ -246,6 +289,7 @@ RecurrentGradients recurrent_backward(const RecurrentSpec& spec, const Tensor& x
         break;
       case RecurrentCell::kGruResetBefore:
         for (int64_t b = 0; b < B; ++b) {
+          if (masked(b)) continue;
           const float* zb = z + b * T * GW;
           float* dzb = dz + b * T * Gu;
           const float* hpb = hp + b * hp_ld;
@@ -261,6 +305,7 @@ RecurrentGradients recurrent_backward(const RecurrentSpec& spec, const Tensor& x
         // d(r·h') = dah · Uhᵀ
         gemm(false, true, B, u, u, 1.0f, dz + 2 * u, T * Gu, U + 2 * u, 3 * u, 0.0f, tmp.data(), u);
         for (int64_t b = 0; b < B; ++b) {
+          if (masked(b)) continue;
           const float* zb = z + b * T * GW;
           float* dzb = dz + b * T * Gu;
           const float* hpb = hp + b * hp_ld;
@@ -275,6 +320,15 @@ RecurrentGradients recurrent_backward(const RecurrentSpec& spec, const Tensor& x
         gemm(true, false, u, u, B, 1.0f, z + 3 * u, T * GW, dz + 2 * u, T * Gu, 1.0f, dU + 2 * u,
              3 * u);
         break;
+    }
+    if (pm) {
+      for (int64_t b = 0; b < B; ++b) {
+        if (!masked(b)) continue;
+        std::copy_n(carry_h.data() + b * u, u, dh_next.data() + b * u);
+        if (spec.cell == RecurrentCell::kLstm) {
+          std::copy_n(carry_c.data() + b * u, u, dc_next.data() + b * u);
+        }
+      }
     }
   }
   // The input projection's gradients, each one GEMM over every step.

@@ -102,6 +102,39 @@ ScheduleConfig CosineDecay::get_config() const {
   return config;
 }
 
+LinearWarmup::LinearWarmup(LinearWarmupOptions options) : o_(std::move(options)) {
+  DTRAIN_CHECK(o_.warmup_steps >= 0, "LinearWarmup: warmup_steps must be >= 0, got ",
+               o_.warmup_steps);
+  DTRAIN_CHECK(
+      std::isfinite(o_.warmup_learning_rate) && std::isfinite(o_.after_warmup_learning_rate),
+      "LinearWarmup: warmup_learning_rate ", o_.warmup_learning_rate,
+      " and after_warmup_learning_rate ", o_.after_warmup_learning_rate, " must be finite");
+}
+
+double LinearWarmup::after(int64_t step) const {
+  return o_.after_warmup_schedule ? static_cast<double>((*o_.after_warmup_schedule)(step))
+                                  : o_.after_warmup_learning_rate;
+}
+
+float LinearWarmup::operator()(int64_t step) const {
+  if (step >= o_.warmup_steps) return static_cast<float>(after(step));
+  const double peak = after(o_.warmup_steps);
+  const double frac = static_cast<double>(step) / static_cast<double>(o_.warmup_steps);
+  return static_cast<float>(o_.warmup_learning_rate + frac * (peak - o_.warmup_learning_rate));
+}
+
+ScheduleConfig LinearWarmup::get_config() const {
+  ScheduleConfig config{"LinearWarmup",
+                        {{"warmup_steps", static_cast<double>(o_.warmup_steps)},
+                         {"warmup_learning_rate", o_.warmup_learning_rate}}};
+  if (o_.after_warmup_schedule) {
+    config.schedules.emplace_back("after_warmup_lr_sched", o_.after_warmup_schedule->get_config());
+  } else {
+    config.scalars.emplace_back("after_warmup_lr_sched", o_.after_warmup_learning_rate);
+  }
+  return config;
+}
+
 namespace {
 
 const double* find_scalar(const ScheduleConfig& c, const char* key) {
@@ -119,7 +152,13 @@ const std::vector<double>* find_list(const ScheduleConfig& c, const char* key) {
 }
 
 void check_keys(const ScheduleConfig& c, std::initializer_list<const char*> scalars,
-                std::initializer_list<const char*> lists) {
+                std::initializer_list<const char*> lists,
+                std::initializer_list<const char*> schedules = {}) {
+  for (const auto& [k, v] : c.schedules) {
+    DTRAIN_CHECK(
+        std::any_of(schedules.begin(), schedules.end(), [&](const char* s) { return k == s; }),
+        c.class_name, ": unknown config key '", k, "' (a schedule)");
+  }
   for (const auto& [k, v] : c.scalars) {
     DTRAIN_CHECK(std::any_of(scalars.begin(), scalars.end(), [&](const char* s) { return k == s; }),
                  c.class_name, ": unknown config key '", k, "'");
@@ -182,9 +221,32 @@ std::shared_ptr<LearningRateSchedule> schedule_from_config(const ScheduleConfig&
     }
     return std::make_shared<CosineDecay>(o);
   }
+  if (config.class_name == "LinearWarmup") {
+    check_keys(config, {"warmup_steps", "warmup_learning_rate", "after_warmup_lr_sched"}, {},
+               {"after_warmup_lr_sched"});
+    LinearWarmupOptions o;
+    const double steps = require_scalar(config, "warmup_steps");
+    DTRAIN_CHECK(steps == std::floor(steps), "LinearWarmup: warmup_steps must be an integer, got ",
+                 steps);
+    o.warmup_steps = static_cast<int64_t>(steps);
+    if (const double* w = find_scalar(config, "warmup_learning_rate")) o.warmup_learning_rate = *w;
+    const double* constant = find_scalar(config, "after_warmup_lr_sched");
+    const ScheduleConfig* nested = nullptr;
+    for (const auto& [k, v] : config.schedules) {
+      if (k == "after_warmup_lr_sched") nested = &v;
+    }
+    DTRAIN_CHECK((constant != nullptr) != (nested != nullptr),
+                 "LinearWarmup: config needs 'after_warmup_lr_sched' (a number or a schedule)");
+    if (constant) {
+      o.after_warmup_learning_rate = *constant;
+    } else {
+      o.after_warmup_schedule = schedule_from_config(*nested);
+    }
+    return std::make_shared<LinearWarmup>(std::move(o));
+  }
   throw InvalidArgumentError(
       str_cat("schedule_from_config: unknown schedule '", config.class_name,
-              "'; known: ExponentialDecay, PiecewiseConstantDecay, CosineDecay"));
+              "'; known: ExponentialDecay, PiecewiseConstantDecay, CosineDecay, LinearWarmup"));
 }
 
 }  // namespace dtrain::optim

@@ -51,6 +51,7 @@ ordered_json schedule_to_keras(const optim::ScheduleConfig& s) {
     }
     config[key] = list;
   }
+  for (const auto& [key, nested] : s.schedules) config[key] = schedule_to_keras(nested);
   config["name"] = nullptr;
   ordered_json j;
   j["class_name"] = s.class_name;
@@ -84,6 +85,8 @@ std::shared_ptr<const optim::ScheduleConfig> schedule_from_keras(const json& j,
         list.push_back(v.get<double>());
       }
       s->lists.emplace_back(key, std::move(list));
+    } else if (value.is_object()) {
+      s->schedules.emplace_back(key, *schedule_from_keras(value, str_cat(where, ".", key)));
     } else {
       throw InvalidArgumentError(
           str_cat(where, ": unsupported schedule argument '", key, "': ", value.dump()));

@@ -64,7 +64,7 @@ TEST(Embedding, IdOutOfRangeNamesTheLayerPositionAndId) {
       [&] {
         emb(Tensor::from_vector<int64_t>({0, 1, 2, 3, 4, 5}, Shape{3, 2}));
       },
-      {"Embedding 'words'", "id 5", "position [2, 1]", "[0, 5)"});
+      {"Embedding 'words' (input_dim 5)", "id 5", "position [2, 1]", "[0, 5)"});
   expect_throws_with<InvalidArgumentError>(
       [&] {
         emb(Tensor::from_vector<float>({-3}, Shape{1, 1}));

@@ -107,5 +107,57 @@ TEST(CosineDecay, ConfigRoundTripAndErrors) {
                InvalidArgumentError);
 }
 
+TEST(LinearWarmup, ToAConstantAndIntoAnotherSchedule) {
+  const LinearWarmup to_const(
+      {.warmup_learning_rate = 0.0, .warmup_steps = 4, .after_warmup_learning_rate = 0.8});
+  EXPECT_FLOAT_EQ(to_const(0), 0.0f);
+  EXPECT_FLOAT_EQ(to_const(1), 0.2f);
+  EXPECT_FLOAT_EQ(to_const(3), 0.6f);
+  EXPECT_FLOAT_EQ(to_const(4), 0.8f);
+  EXPECT_FLOAT_EQ(to_const(1000), 0.8f);
+  // Into ExponentialDecay: the ramp ends at the wrapped schedule's value at warmup_steps, and
+  // the wrapped schedule sees the global step afterwards (TF Model Garden's LinearWarmup).
+  auto decay = std::make_shared<ExponentialDecay>(1.0, 10, 0.5);
+  const LinearWarmup wrap(
+      {.warmup_learning_rate = 0.1, .warmup_steps = 5, .after_warmup_schedule = decay});
+  const double peak = std::pow(0.5, 0.5);
+  EXPECT_FLOAT_EQ(wrap(0), 0.1f);
+  EXPECT_FLOAT_EQ(wrap(2), static_cast<float>(0.1 + 0.4 * (peak - 0.1)));
+  EXPECT_FLOAT_EQ(wrap(5), (*decay)(5));
+  EXPECT_FLOAT_EQ(wrap(17), (*decay)(17));
+  // No warmup: the wrapped schedule from step 0.
+  const LinearWarmup none({.warmup_steps = 0, .after_warmup_schedule = decay});
+  EXPECT_FLOAT_EQ(none(0), 1.0f);
+}
+
+TEST(LinearWarmup, ConfigRoundTripAndErrors) {
+  auto cosine = std::make_shared<CosineDecay>(
+      CosineDecayOptions{.initial_learning_rate = 0.3, .decay_steps = 7, .alpha = 0.1});
+  const LinearWarmup wrap(
+      {.warmup_learning_rate = 0.01, .warmup_steps = 3, .after_warmup_schedule = cosine});
+  const ScheduleConfig c = wrap.get_config();
+  EXPECT_EQ(c.class_name, "LinearWarmup");
+  ASSERT_EQ(c.schedules.size(), 1u);
+  EXPECT_EQ(c.schedules[0].first, "after_warmup_lr_sched");
+  EXPECT_EQ(c.schedules[0].second.class_name, "CosineDecay");
+  const auto back = schedule_from_config(c);
+  for (int64_t s = 0; s < 15; ++s) EXPECT_EQ((*back)(s), wrap(s)) << s;
+  const LinearWarmup to_const({.warmup_steps = 2, .after_warmup_learning_rate = 0.5});
+  const auto back2 = schedule_from_config(to_const.get_config());
+  for (int64_t s = 0; s < 4; ++s) EXPECT_EQ((*back2)(s), to_const(s)) << s;
+  EXPECT_THROW(LinearWarmup({.warmup_steps = -1}), InvalidArgumentError);
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [] {
+        schedule_from_config({"LinearWarmup", {{"warmup_steps", 3}}});
+      },
+      {"LinearWarmup: config needs 'after_warmup_lr_sched'"});
+  testutil::expect_throws_with<InvalidArgumentError>(
+      [] {
+        schedule_from_config(
+            {"LinearWarmup", {{"warmup_steps", 1.5}, {"after_warmup_lr_sched", 1}}});
+      },
+      {"warmup_steps must be an integer"});
+}
+
 }  // namespace
 }  // namespace dtrain::optim

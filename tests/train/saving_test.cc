@@ -166,6 +166,14 @@ void expect_same_optimizer_state(nn::Model& a, nn::Model& b, bool same_names = t
     EXPECT_EQ(ca.learning_rate_schedule->class_name, cb.learning_rate_schedule->class_name);
     EXPECT_EQ(ca.learning_rate_schedule->scalars, cb.learning_rate_schedule->scalars);
     EXPECT_EQ(ca.learning_rate_schedule->lists, cb.learning_rate_schedule->lists);
+    const auto& na = ca.learning_rate_schedule->schedules;
+    const auto& nb = cb.learning_rate_schedule->schedules;
+    ASSERT_EQ(na.size(), nb.size());
+    for (size_t i = 0; i < na.size(); ++i) {
+      EXPECT_EQ(na[i].first, nb[i].first);
+      EXPECT_EQ(na[i].second.class_name, nb[i].second.class_name);
+      EXPECT_EQ(na[i].second.scalars, nb[i].second.scalars);
+    }
   }
 }
 
@@ -353,6 +361,13 @@ TEST(SaveModel, RoundTripsEveryOptimizerAndSchedule) {
   piecewise->set_learning_rate_schedule(std::make_shared<optim::PiecewiseConstantDecay>(
       std::vector<int64_t>{4, 10}, std::vector<double>{0.1, 0.05, 0.01}));
   optimizers.push_back(piecewise);
+  auto warmup = std::make_shared<optim::AdamW>();
+  warmup->set_learning_rate_schedule(
+      std::make_shared<optim::LinearWarmup>(optim::LinearWarmupOptions{
+          .warmup_steps = 3,
+          .after_warmup_schedule = std::make_shared<optim::CosineDecay>(
+              optim::CosineDecayOptions{.initial_learning_rate = 0.01, .decay_steps = 20})}));
+  optimizers.push_back(warmup);
   for (const auto& opt : optimizers) {
     SCOPED_TRACE(opt->get_config().class_name);
     TempDir dir;

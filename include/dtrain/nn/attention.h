@@ -28,10 +28,26 @@ struct AttentionCallOptions {
   Tensor attention_mask = {};    // [batch, T, S] (or broadcastable: [T, S], [batch, 1, S], ...),
                                  // nonzero where query t may attend to key s
   bool use_causal_mask = false;  // query t attends to keys s <= t (combined with the mask)
-  bool training = false;         // dropout on the probabilities
+  // Keras masks ([batch, T] for the query, [batch, S] for the value and key; nonzero: a real
+  // step), combined with the masks above as Keras's _compute_attention_mask does: query t
+  // attends to key s only where query_mask[t], value_mask[s] and key_mask[s] are set. A
+  // Sequential or Functional model passes the masks that Embedding(mask_zero) made.
+  Tensor query_mask = {};
+  Tensor value_mask = {};
+  Tensor key_mask = {};
+  bool training = false;  // dropout on the probabilities
   // When set, receives the attention probabilities [batch, heads, T, S] (before dropout), as
   // Keras's return_attention_scores.
   Tensor* attention_scores = nullptr;
+};
+
+// The projected keys and values of the positions decoded so far, for incremental causal
+// self-attention (MultiHeadAttention::call_cached). One cache per layer and sequence batch.
+struct AttentionCache {
+  Tensor keys;    // [batch, length, num_heads, key_dim]; undefined while empty
+  Tensor values;  // [batch, length, num_heads, value_dim]
+  int64_t length() const { return keys.defined() ? keys.dim(1) : 0; }
+  void clear() { keys = values = Tensor(); }
 };
 
 // Multi-head scaled dot-product attention with Keras's weights and names: query/kernel
@@ -56,10 +72,26 @@ class MultiHeadAttention : public Layer {
                     const AttentionCallOptions& options = {});
   // Self-attention: call(x) = mha(x, x).
   Tensor call(const Tensor& x, bool training) override;
+  // Self-attention with x's mask as the query, value and key masks; the output keeps the mask.
+  Tensor call_with_mask(const Tensor& x, const Tensor& mask, bool training) override;
+  bool supports_masking() const override { return true; }
+
+  // Incremental causal self-attention, for decoding (inference only: no dropout, nothing
+  // recorded for gradients): x [batch, t, features] are the next t positions; their keys and
+  // values are appended to `cache`, and position i of x attends to every cached position and to
+  // the new positions up to i. Decoding a sequence in pieces through one cache gives the rows of
+  // one call with use_causal_mask = true (up to float rounding). Throws InvalidArgumentError
+  // naming the layer when x does not fit the weights or the cache's batch.
+  Tensor call_cached(const Tensor& x, AttentionCache& cache);
 
   // The Functional API's call: inputs {query, value[, key[, attention_mask]]}; outputs {out}
   // or {out, scores} when return_attention_scores is set (set_functional_call_args).
   std::vector<Tensor> call_list(std::span<const Tensor> inputs, bool training) override;
+  // The same with the inputs' masks (query, value, key); the output's mask is the query's.
+  std::vector<Tensor> call_list_masked(std::span<const Tensor> inputs,
+                                       std::span<const Tensor> masks, bool training) override;
+  std::vector<Tensor> compute_masks(std::span<const Tensor> inputs, std::span<const Tensor> masks,
+                                    size_t num_outputs) const override;
   void build_list(std::span<const Shape> input_shapes) override;
   std::vector<Shape> compute_output_shapes(std::span<const Shape> input_shapes) const override;
   Shape compute_output_shape(const Shape& input_shape) const override;
@@ -88,6 +120,10 @@ class MultiHeadAttention : public Layer {
   // Creates the weights for query, value and key feature sizes.
   void build_for(int64_t query_features, int64_t value_features, int64_t key_features);
   Tensor attend(const Tensor& query, const Tensor& value, const AttentionCallOptions& options);
+  // The Keras masks and attention_mask (already checked, rank 2 or [B|1, 1, T|1, S|1]) as one
+  // selection mask [batch, 1, T, S].
+  Tensor combined_mask(const AttentionCallOptions& options, const Tensor& attention_mask,
+                       int64_t batch, int64_t t_len, int64_t s_len) const;
 
   int64_t num_heads_;
   int64_t key_dim_;

@@ -39,6 +39,10 @@ class Layer : public std::enable_shared_from_this<Layer> {
   Tensor operator()(const Tensor& x, bool training = false);
   // The computation; x includes the batch dimension.
   virtual Tensor call(const Tensor& x, bool training) = 0;
+  // The computation given the input's mask (defined); see call_masked().
+  virtual Tensor call_with_mask(const Tensor& x, const Tensor& /*mask*/, bool training) {
+    return call(x, training);
+  }
 
   // The Functional API (dtrain/nn/functional.h): records a call of this layer on symbolic
   // tensors, building the layer from their shapes (build_list) and giving the symbolic outputs
@@ -49,6 +53,27 @@ class Layer : public std::enable_shared_from_this<Layer> {
   KerasTensor operator()(const KerasTensor& x);
   KerasTensor operator()(const std::vector<KerasTensor>& xs);
   std::vector<KerasTensor> symbolic_call(const std::vector<KerasTensor>& xs, bool list_input);
+
+  // Keras masking: Embedding(mask_zero=true) gives a mask [batch, time] (float32, 1 for a real
+  // step, 0 for padding) that Sequential and Functional carry beside each value. call_masked()
+  // is operator() with the input's mask (undefined: none): it builds and checks as operator()
+  // and runs call_with_mask(), which layers that use masks override (MultiHeadAttention,
+  // LSTM/GRU, Bidirectional, GlobalAveragePooling1D); the default ignores the mask.
+  // compute_mask() is the output's mask (Keras's compute_mask): by default the input's mask
+  // when supports_masking() (layers that keep the time axis: Dense, Dropout, LayerNormalization,
+  // Activation, TimeDistributed, merging layers), else none.
+  Tensor call_masked(const Tensor& x, const Tensor& mask, bool training);
+  virtual Tensor compute_mask(const Tensor& x, const Tensor& mask) const;
+  virtual bool supports_masking() const { return false; }
+  // The same for several inputs and outputs (one mask per input, undefined for none). The
+  // default call ignores the masks; the default masks are compute_mask() for one input, for
+  // several the logical and of the defined masks when supports_masking(), and none for the
+  // outputs after the first.
+  virtual std::vector<Tensor> call_list_masked(std::span<const Tensor> inputs,
+                                               std::span<const Tensor> masks, bool training);
+  virtual std::vector<Tensor> compute_masks(std::span<const Tensor> inputs,
+                                            std::span<const Tensor> masks,
+                                            size_t num_outputs) const;
 
   // Layers with several inputs or outputs (merging layers, attention, RNNs returning states)
   // are called by the Functional API through these. The defaults take exactly one input and
@@ -104,6 +129,8 @@ class Layer : public std::enable_shared_from_this<Layer> {
   void set_name(std::string name) { name_ = std::move(name); }
 
  private:
+  // operator()'s lazy build, or its shape check once built.
+  void build_or_check_for(const Tensor& x);
   std::string name_;
   bool built_ = false;
   bool trainable_ = true;

@@ -42,6 +42,7 @@ class Dense : public Layer {
  public:
   explicit Dense(int64_t units, DenseOptions options = {});
   std::string class_name() const override { return "Dense"; }
+  bool supports_masking() const override { return true; }  // passes the time mask on
   Tensor call(const Tensor& x, bool training) override;
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string config_json() const override;
@@ -107,6 +108,7 @@ class Dropout : public Layer {
   // Movable (layers are handed to models by value); the counters' values move with it.
   Dropout(Dropout&& other) noexcept;
   std::string class_name() const override { return "Dropout"; }
+  bool supports_masking() const override { return true; }  // passes the time mask on
   Tensor call(const Tensor& x, bool training) override;
   std::string config_json() const override;
   float rate() const { return rate_; }
@@ -140,6 +142,7 @@ class Activation : public Layer {
  public:
   explicit Activation(const std::string& activation, ActivationOptions options = {});
   std::string class_name() const override { return "Activation"; }
+  bool supports_masking() const override { return true; }  // passes the time mask on
   Tensor call(const Tensor& x, bool training) override;
   std::string config_json() const override;
 

@@ -23,6 +23,8 @@ class Merge : public Layer {
   // A merge needs a list of inputs; the single-tensor call throws InvalidArgumentError.
   Tensor call(const Tensor& x, bool training) override;
   std::vector<Tensor> call_list(std::span<const Tensor> inputs, bool training) override;
+  // The output mask is the logical and of the inputs' masks (Keras's _Merge.compute_mask).
+  bool supports_masking() const override { return true; }
   void build_list(std::span<const Shape> input_shapes) override;
   std::vector<Shape> compute_output_shapes(std::span<const Shape> input_shapes) const override;
 
@@ -78,6 +80,8 @@ class Concatenate : public Merge {
  public:
   explicit Concatenate(ConcatenateOptions options = {});
   std::string class_name() const override { return "Concatenate"; }
+  // Along the features only: a time mask does not survive a concatenation along time.
+  bool supports_masking() const override { return axis_ == -1 || axis_ >= 2; }
   std::string config_json() const override;
   int axis() const { return axis_; }
 

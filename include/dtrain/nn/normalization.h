@@ -106,6 +106,7 @@ class LayerNormalization : public Layer {
  public:
   explicit LayerNormalization(LayerNormalizationOptions options = {});
   std::string class_name() const override { return "LayerNormalization"; }
+  bool supports_masking() const override { return true; }  // passes the time mask on
   Tensor call(const Tensor& x, bool training) override;
   std::string config_json() const override;
   Variable* gamma() { return gamma_; }

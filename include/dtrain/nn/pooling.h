@@ -78,6 +78,9 @@ class BaseGlobalPool : public Layer {
  public:
   std::string class_name() const override { return class_name_; }
   Tensor call(const Tensor& x, bool training) override;
+  // GlobalAveragePooling1D: the mean over the unmasked steps (Keras's masked mean; a fully
+  // masked row gives 0, where Keras divides by zero). Other global pools ignore the mask.
+  Tensor call_with_mask(const Tensor& x, const Tensor& mask, bool training) override;
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string config_json() const override;
 

@@ -38,12 +38,18 @@ struct RecurrentOptions {
 class RecurrentLayer : public Layer {
  public:
   Tensor call(const Tensor& x, bool training) override;
+  // With a Keras mask [batch, T]: a masked step keeps the previous state and output (Keras's
+  // masked rnn); the output keeps the mask with return_sequences, else has none.
+  Tensor call_with_mask(const Tensor& x, const Tensor& mask, bool training) override;
+  Tensor compute_mask(const Tensor& x, const Tensor& mask) const override;
   // {output, h} (GRU) or {output, h, c} (LSTM); {output} unless return_state.
   std::vector<Tensor> call_list(std::span<const Tensor> inputs, bool training) override;
+  std::vector<Tensor> call_list_masked(std::span<const Tensor> inputs,
+                                       std::span<const Tensor> masks, bool training) override;
   std::vector<Shape> compute_output_shapes(std::span<const Shape> input_shapes) const override;
   Shape compute_output_shape(const Shape& input_shape) const override;
-  // {output, final states...} regardless of return_state.
-  std::vector<Tensor> call_with_states(const Tensor& x);
+  // {output, final states...} regardless of return_state; `mask` optional as call_with_mask.
+  std::vector<Tensor> call_with_states(const Tensor& x, const Tensor& mask = Tensor());
   std::string config_json() const override;
 
   int64_t units() const { return units_; }
@@ -103,7 +109,13 @@ class Bidirectional : public Layer {
   Bidirectional(const RecurrentLayer& layer, BidirectionalOptions options = {});
   std::string class_name() const override { return "Bidirectional"; }
   Tensor call(const Tensor& x, bool training) override;
+  // Both directions honour the mask; with return_sequences the masked steps' outputs are zero
+  // (Keras sets zero_output_for_mask in Bidirectional), and the output keeps the mask.
+  Tensor call_with_mask(const Tensor& x, const Tensor& mask, bool training) override;
+  Tensor compute_mask(const Tensor& x, const Tensor& mask) const override;
   std::vector<Tensor> call_list(std::span<const Tensor> inputs, bool training) override;
+  std::vector<Tensor> call_list_masked(std::span<const Tensor> inputs,
+                                       std::span<const Tensor> masks, bool training) override;
   std::vector<Shape> compute_output_shapes(std::span<const Shape> input_shapes) const override;
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::vector<Variable*> weights() override;
@@ -115,7 +127,7 @@ class Bidirectional : public Layer {
   void build_impl(const Shape& input_shape) override;
 
  private:
-  std::vector<Tensor> run(const Tensor& x);
+  std::vector<Tensor> run(const Tensor& x, const Tensor& mask);
   std::shared_ptr<RecurrentLayer> forward_, backward_;
   std::string merge_mode_;
 };
@@ -132,6 +144,7 @@ class TimeDistributed : public Layer {
  public:
   TimeDistributed(std::shared_ptr<Layer> layer, TimeDistributedOptions options = {});
   std::string class_name() const override { return "TimeDistributed"; }
+  bool supports_masking() const override { return true; }  // passes the time mask on
   Tensor call(const Tensor& x, bool training) override;
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::vector<Variable*> weights() override;

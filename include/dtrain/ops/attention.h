@@ -43,7 +43,11 @@ inline constexpr float kMaskedScore = -1e9f;
 
 struct MaskedSoftmaxOptions {
   float scale = 1.0f;   // the scores are multiplied by this first
-  bool causal = false;  // position (t, s) is masked when s > t + (S − T) (as Keras's causal mask)
+  bool causal = false;  // position (t, s) is masked when s > t + causal_offset (Keras's causal
+                        // mask: lower-triangular, s > t)
+  // Shifts the causal diagonal: incremental decoding puts query t at absolute position
+  // t + (cached positions), which sees every key up to it.
+  int64_t causal_offset = 0;
   bool additive = false;  // the mask is added to the scaled scores instead of selecting them
 };
 

@@ -31,14 +31,18 @@ struct RecurrentForward {
   // [B, T, 4u] at input time positions: LSTM the activated gates (i, f, g, o); GRU (z, r, hh)
   // and, for reset_after, the recurrent projection h'·Uh + rbh (else r·h').
   Tensor gates;
+  // The mask the forward ran with (float32 [B, T] at input time positions) or undefined.
+  Tensor mask;
 };
 
 // x [B, T, F], kernel [F, G·u], recurrent_kernel [u, G·u] (G = 4 for LSTM, 3 for GRU), bias
-// [G·u] ([2, 3u] for kGru) or undefined. The initial state is zero. Throws
-// InvalidArgumentError naming `who` and the shapes when they do not fit.
+// [G·u] ([2, 3u] for kGru) or undefined. The initial state is zero. `mask` (optional, float32
+// [B, T], indexed by input time): where it is 0 the step keeps the previous state, as Keras's
+// masked rnn (the gradient passes through). Throws InvalidArgumentError naming `who` and the
+// shapes when they do not fit.
 RecurrentForward recurrent_forward(const RecurrentSpec& spec, const Tensor& x, const Tensor& kernel,
                                    const Tensor& recurrent_kernel, const Tensor& bias,
-                                   const char* who);
+                                   const char* who, const Tensor& mask = Tensor());
 
 struct RecurrentGradients {
   Tensor dx, dkernel, drecurrent_kernel, dbias;  // dx / dbias undefined when not asked for

@@ -14,10 +14,13 @@ namespace dtrain::optim {
 
 // A schedule's Keras config: its class name and its arguments in Keras's order. Scalars are in
 // `scalars` (booleans as 0/1), lists in `lists`.
+// Arguments that are schedules themselves (LinearWarmup's after_warmup_lr_sched) are in
+// `schedules`.
 struct ScheduleConfig {
   std::string class_name;                                               // "ExponentialDecay"
   std::vector<std::pair<std::string, double>> scalars;                  // ("decay_steps", 1000)
   std::vector<std::pair<std::string, std::vector<double>>> lists = {};  // ("boundaries", {..})
+  std::vector<std::pair<std::string, ScheduleConfig>> schedules = {};   // nested schedules
 };
 
 class LearningRateSchedule {
@@ -83,6 +86,33 @@ class CosineDecay final : public LearningRateSchedule {
 
  private:
   CosineDecayOptions o_;
+};
+
+// A linear warmup to a constant or into another schedule (TF Model Garden's LinearWarmup, with
+// its config keys; Keras has it only inside CosineDecay):
+//   step < warmup_steps: lr = warmup_learning_rate + (peak − warmup_learning_rate)·step /
+//   warmup_steps otherwise:           lr = after(step)   (the wrapped schedule sees the global
+//   step)
+// where `after` is after_warmup_schedule, or the constant after_warmup_learning_rate, and peak
+// = after(warmup_steps). Throws InvalidArgumentError when warmup_steps < 0 or a rate is not
+// finite.
+struct LinearWarmupOptions {
+  double warmup_learning_rate = 0.0;        // the rate at step 0
+  int64_t warmup_steps = 0;                 // 0: no warmup
+  double after_warmup_learning_rate = 0.0;  // the constant after the warmup (without a schedule)
+  std::shared_ptr<const LearningRateSchedule> after_warmup_schedule = nullptr;
+};
+class LinearWarmup final : public LearningRateSchedule {
+ public:
+  explicit LinearWarmup(LinearWarmupOptions options);
+  float operator()(int64_t step) const override;
+  // {"LinearWarmup", {warmup_steps, warmup_learning_rate[, after_warmup_lr_sched]}}, with the
+  // wrapped schedule's config in `schedules` as after_warmup_lr_sched.
+  ScheduleConfig get_config() const override;
+
+ private:
+  double after(int64_t step) const;
+  LinearWarmupOptions o_;
 };
 
 // Builds the schedule a ScheduleConfig describes. Throws InvalidArgumentError for an unknown

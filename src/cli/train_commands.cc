@@ -62,6 +62,9 @@ struct TrainFlags {
   std::string strategy = "one";
   int replicas = 0;
   int64_t verify_sync = 0;
+  bool overlap_gradients = false;  // multi-worker: all-reduce buckets during backward
+  double bucket_cap_mb = 1.0;
+  int shard_optimizer_state = 0;  // multi-worker ZeRO stage
   std::string save;
   std::string logdir;
 };
@@ -365,8 +368,11 @@ std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
     return std::make_unique<distribute::ParameterServerStrategy>();
   }
   if (f.strategy == "multi-worker") {
-    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(
-        distribute::MultiWorkerOptions{.local_replicas = std::max(1, f.replicas)});
+    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(distribute::MultiWorkerOptions{
+        .overlap_gradients = f.overlap_gradients,
+        .overlap_bucket_bytes = static_cast<size_t>(f.bucket_cap_mb * (1 << 20)),
+        .shard_optimizer_state = f.shard_optimizer_state,
+        .local_replicas = std::max(1, f.replicas)});
   }
   return nullptr;
 }
@@ -454,6 +460,16 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   "Every N steps, check that all workers hold bitwise-identical variables "
                   "(0, the default: never)")
       ->check(int_at_least(0));
+  fit->add_flag("--overlap-gradients", train_flags.overlap_gradients,
+                "multi-worker: all-reduce the gradients in buckets while backward runs "
+                "(bitwise the same result)");
+  fit->add_option("--bucket-cap-mb", train_flags.bucket_cap_mb,
+                  "multi-worker --overlap-gradients: bucket size in MiB (default 1)")
+      ->check(CLI::PositiveNumber);
+  fit->add_option("--shard-optimizer-state", train_flags.shard_optimizer_state,
+                  "multi-worker: 1 partitions the optimizer slots across workers (ZeRO stage 1), "
+                  "2 also reduce-scatters the gradients (stage 2); 0 (default) replicates them")
+      ->check(CLI::Range(0, 2));
   fit->add_option("--logdir", train_flags.logdir,
                   "Write TensorBoard event files here (train/ and validation/ runs)");
   fit->add_option("--save", train_flags.save,

@@ -13,7 +13,9 @@ namespace {
 
 int64_t rows_of(const Shape& s) { return s.rank() == 0 ? 1 : s[0]; }
 
-Shape rows_shape(const Shape& s, int64_t rows) { return s.rank() == 0 ? s : s.with_first(rows); }
+Shape rows_shape(const Shape& s, int64_t rows) {
+  return s.rank() == 0 ? s : s.without_first().with_first(rows);
+}
 
 }  // namespace
 

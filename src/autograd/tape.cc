@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/ops/tensor_ops.h"
@@ -135,12 +136,16 @@ void Tape::gradient(const Tensor& target, const int32_t* leaves, size_t n, std::
   // leaves in decreasing node order; sources not on the tape are final (undefined) at once.
   final_order_.clear();
   for (size_t k = 0; k < n; ++k) final_order_.emplace_back(root < 0 ? -1 : leaves[k], k);
-  std::sort(final_order_.begin(), final_order_.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
+  // Decreasing node order, sources without a leaf (-1) first; ties in source order. (std::sort:
+  // no allocation.)
+  const auto key = [](int32_t node) { return node < 0 ? INT32_MAX : node; };
+  std::sort(final_order_.begin(), final_order_.end(), [&](const auto& a, const auto& b) {
+    return key(a.first) != key(b.first) ? key(a.first) > key(b.first) : a.second < b.second;
+  });
   size_t next = 0;
   // Hands out every leaf at or above `node` not handed out yet (node -1: all of them).
   auto finalize_from = [&](int32_t node) {
-    for (; next < final_order_.size() && final_order_[next].first >= node; ++next) {
+    for (; next < final_order_.size() && key(final_order_[next].first) >= node; ++next) {
       const auto [leaf, k] = final_order_[next];
       if (leaf >= 0) out[k] = grads_[leaf];
       if (on_final != nullptr) (*on_final)(k);

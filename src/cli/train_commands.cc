@@ -362,6 +362,11 @@ std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
                                        "or multi-worker, not '",
                                        f.strategy, "'"));
   }
+  if ((f.overlap_gradients || f.shard_optimizer_state > 0) && f.strategy != "multi-worker") {
+    throw InvalidArgumentError(
+        str_cat(f.overlap_gradients ? "--overlap-gradients" : "--shard-optimizer-state",
+                " applies to --strategy multi-worker, not '", f.strategy, "'"));
+  }
   if (f.strategy == "mirrored") return std::make_unique<distribute::MirroredStrategy>(f.replicas);
   if (f.strategy == "parameter-server") {
     // Cluster from TF_CONFIG (chief, worker and ps tasks), e.g. under dtrain launch --ps N.
@@ -465,11 +470,11 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                 "(bitwise the same result)");
   fit->add_option("--bucket-cap-mb", train_flags.bucket_cap_mb,
                   "multi-worker --overlap-gradients: bucket size in MiB (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(finite_positive());
   fit->add_option("--shard-optimizer-state", train_flags.shard_optimizer_state,
                   "multi-worker: 1 partitions the optimizer slots across workers (ZeRO stage 1), "
                   "2 also reduce-scatters the gradients (stage 2); 0 (default) replicates them")
-      ->check(CLI::Range(0, 2));
+      ->check(int_at_least(0) & int_at_most(2, "the ZeRO stages are 1 and 2"));
   fit->add_option("--logdir", train_flags.logdir,
                   "Write TensorBoard event files here (train/ and validation/ runs)");
   fit->add_option("--save", train_flags.save,

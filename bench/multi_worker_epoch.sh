@@ -3,7 +3,9 @@
 # global batch 64 = 2 workers x 32, Adam, one thread each. dtrain's MultiWorkerMirroredStrategy
 # (two processes under `dtrain launch`, Gloo all-reduce on loopback) against PyTorch DDP (gloo
 # backend; both as it comes and with torch.set_flush_denormal(True), the speedup taken against the
-# faster), and MirroredStrategy with 2 replicas against 1 replica on the same global batch.
+# faster), and MirroredStrategy with 2 replicas against 1 replica on the same global batch; the
+# multi-worker run also with the all-reduce overlapped with backward (--overlap-gradients,
+# 256 KiB buckets) and with sharded optimizer state (--shard-optimizer-state 1 and 2).
 # Usage: bench/multi_worker_epoch.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,11 +30,21 @@ dtrain_epoch() {
 get() { awk -v k="$1" '$1 == k { print $2 }' "$2"; }
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-mw=() ddp=() ddpf=() m1=() m2=()
+mw=() mwo=() mwz1=() mwz2=() ddp=() ddpf=() m1=() m2=()
 for r in $(seq "$rounds"); do
   "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs "$epochs" \
     --batch-size 64 --seed 0 --verbose 2 > "$tmp/mw.$r" 2>&1
   mw+=("$(dtrain_epoch "$tmp/mw.$r")")
+  "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs "$epochs" \
+    --batch-size 64 --seed 0 --verbose 2 --overlap-gradients --bucket-cap-mb 0.25 > "$tmp/mwo.$r" 2>&1
+  mwo+=("$(dtrain_epoch "$tmp/mwo.$r")")
+  for z in 1 2; do
+    "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
+      --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 --shard-optimizer-state "$z" \
+      > "$tmp/mwz$z.$r" 2>&1
+  done
+  mwz1+=("$(dtrain_epoch "$tmp/mwz1.$r")")
+  mwz2+=("$(dtrain_epoch "$tmp/mwz2.$r")")
   /usr/bin/python3 bench/torch_ddp_epoch.py "$epochs" 2 0 > "$tmp/ddp.$r" 2>&1
   ddp+=("$(get epoch_seconds_median "$tmp/ddp.$r")")
   /usr/bin/python3 bench/torch_ddp_epoch.py "$epochs" 2 1 > "$tmp/ddpf.$r" 2>&1
@@ -53,6 +65,9 @@ if [[ -x "$floor" ]]; then
   echo "OpenBLAS: kernels $(get openblas_core "$tmp/floor"); $(sed -n 's/^openblas_config //p' "$tmp/floor")"
 fi
 printf '%-52s %10s\n' "2 workers x 32, MultiWorkerMirrored (s/epoch)" "$(median "${mw[@]}")"
+printf '%-52s %10s\n' "  ... --overlap-gradients --bucket-cap-mb 0.25" "$(median "${mwo[@]}")"
+printf '%-52s %10s\n' "  ... --shard-optimizer-state 1" "$(median "${mwz1[@]}")"
+printf '%-52s %10s\n' "  ... --shard-optimizer-state 2" "$(median "${mwz2[@]}")"
 printf '%-52s %10s\n' "2 workers x 32, PyTorch DDP gloo (s/epoch)" "$(median "${ddp[@]}")"
 printf '%-52s %10s\n' "2 workers x 32, DDP + set_flush_denormal (s/epoch)" "$(median "${ddpf[@]}")"
 printf '%-52s %10s\n' "MirroredStrategy 1 replica, batch 64 (s/epoch)" "$(median "${m1[@]}")"

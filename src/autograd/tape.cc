@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/ops/tensor_ops.h"
@@ -119,8 +120,8 @@ void Tape::accumulate(int32_t node, Tensor g) {
   }
 }
 
-void Tape::gradient(const Tensor& target, const int32_t* leaves, size_t n,
-                    std::vector<Tensor>& out) {
+void Tape::gradient(const Tensor& target, const int32_t* leaves, size_t n, std::vector<Tensor>& out,
+                    const std::function<void(size_t)>* on_final) {
   if (used_ && !persistent_) {
     throw FailedPreconditionError(
         "GradientTape.gradient can only be called once on a non-persistent tape; create it "
@@ -130,19 +131,43 @@ void Tape::gradient(const Tensor& target, const int32_t* leaves, size_t n,
   out.resize(n);
   for (auto& t : out) t = Tensor();
   const int32_t root = node_of(target);
-  if (root < 0) return;
+  // A leaf's gradient is final once every node recorded after it has been differentiated (its
+  // consumers come after it: a leaf is created at the first read), so the pass below hands out
+  // leaves in decreasing node order; sources not on the tape are final (undefined) at once.
+  final_order_.clear();
+  for (size_t k = 0; k < n; ++k) final_order_.emplace_back(root < 0 ? -1 : leaves[k], k);
+  // Decreasing node order, sources without a leaf (-1) first; ties in source order. (std::sort:
+  // no allocation.)
+  const auto key = [](int32_t node) { return node < 0 ? INT32_MAX : node; };
+  std::sort(final_order_.begin(), final_order_.end(), [&](const auto& a, const auto& b) {
+    return key(a.first) != key(b.first) ? key(a.first) > key(b.first) : a.second < b.second;
+  });
+  size_t next = 0;
+  // Hands out every leaf at or above `node` not handed out yet (node -1: all of them).
+  auto finalize_from = [&](int32_t node) {
+    for (; next < final_order_.size() && key(final_order_[next].first) >= node; ++next) {
+      const auto [leaf, k] = final_order_[next];
+      if (leaf >= 0) out[k] = grads_[leaf];
+      if (on_final != nullptr) (*on_final)(k);
+    }
+  };
+  if (root < 0) {
+    finalize_from(-1);
+    return;
+  }
   DTRAIN_CHECK(target.dtype() == DType::kFloat32, "GradientTape.gradient: target must be float32");
   grads_.assign(nodes_.size(), Tensor());
   grads_[root] = Tensor::ones(target.shape());
+  // Leaves recorded after the target have no path to it.
+  finalize_from(root + 1);
   for (int32_t i = root; i >= 0; --i) {
+    if (on_final != nullptr) finalize_from(i);  // every node above i is done
     if (!grads_[i].defined() || nodes_[i].backward == nullptr) continue;
     Tensor g = std::move(grads_[i]);
     grads_[i] = Tensor();
     nodes_[i].backward(*this, nodes_[i], std::move(g));
   }
-  for (size_t k = 0; k < n; ++k) {
-    if (leaves[k] >= 0) out[k] = grads_[leaves[k]];
-  }
+  finalize_from(-1);
   grads_.clear();
   if (!persistent_) {
     // Free the saved activations now, as TF does, and retire the id so that tensors recorded
@@ -178,6 +203,11 @@ void GradientTape::watch(const Variable& v) { tape_->watch_variable(v); }
 
 void GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
                             std::vector<Tensor>& out) {
+  gradient(target, sources, out, nullptr);
+}
+
+void GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
+                            std::vector<Tensor>& out, const std::function<void(size_t)>* on_final) {
   // Leaf lookup without allocating: at most a few dozen variables per model in practice.
   constexpr size_t kInline = 64;
   int32_t inline_leaves[kInline];
@@ -193,7 +223,7 @@ void GradientTape::gradient(const Tensor& target, std::span<Variable* const> sou
   }
   const bool was_recording = tape_->recording();
   tape_->set_recording(false);
-  tape_->gradient(target, leaves, sources.size(), out);
+  tape_->gradient(target, leaves, sources.size(), out, on_final);
   tape_->set_recording(was_recording);
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -66,8 +67,11 @@ class Tape {
   void accumulate(int32_t node, Tensor g);
 
   // Runs the backward pass from `target` and returns the gradient for each node in `leaves`
-  // (undefined where none reached it).
-  void gradient(const Tensor& target, const int32_t* leaves, size_t n, std::vector<Tensor>& out);
+  // (undefined where none reached it). `on_final`, when set, is called on this thread with k as
+  // soon as out[k] is final (every node recorded after leaf k has been differentiated), while
+  // the pass goes on; out[k] is not written again afterwards.
+  void gradient(const Tensor& target, const int32_t* leaves, size_t n, std::vector<Tensor>& out,
+                const std::function<void(size_t)>* on_final = nullptr);
 
   bool recording() const { return recording_; }
   void set_recording(bool r) { recording_ = r; }
@@ -81,6 +85,7 @@ class Tape {
   std::vector<Tensor> grads_;
   std::vector<std::pair<int64_t, int32_t>> variable_leaves_;  // (variable id, node)
   std::vector<int64_t> watched_variables_;
+  std::vector<std::pair<int32_t, size_t>> final_order_;  // (leaf node, k), gradient()'s scratch
 };
 
 // Pushes/pops the thread's tape stack; a null entry suspends recording (NoGradGuard).

@@ -64,6 +64,9 @@ struct TrainFlags {
   std::string strategy = "one";
   int replicas = 0;
   int64_t verify_sync = 0;
+  bool overlap_gradients = false;  // multi-worker: all-reduce buckets during backward
+  double bucket_cap_mb = 1.0;
+  int shard_optimizer_state = 0;  // multi-worker ZeRO stage
   std::string save;
   std::string logdir;
 };
@@ -367,14 +370,22 @@ std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
                                        "or multi-worker, not '",
                                        f.strategy, "'"));
   }
+  if ((f.overlap_gradients || f.shard_optimizer_state > 0) && f.strategy != "multi-worker") {
+    throw InvalidArgumentError(
+        str_cat(f.overlap_gradients ? "--overlap-gradients" : "--shard-optimizer-state",
+                " applies to --strategy multi-worker, not '", f.strategy, "'"));
+  }
   if (f.strategy == "mirrored") return std::make_unique<distribute::MirroredStrategy>(f.replicas);
   if (f.strategy == "parameter-server") {
     // Cluster from TF_CONFIG (chief, worker and ps tasks), e.g. under dtrain launch --ps N.
     return std::make_unique<distribute::ParameterServerStrategy>();
   }
   if (f.strategy == "multi-worker") {
-    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(
-        distribute::MultiWorkerOptions{.local_replicas = std::max(1, f.replicas)});
+    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(distribute::MultiWorkerOptions{
+        .overlap_gradients = f.overlap_gradients,
+        .overlap_bucket_bytes = static_cast<size_t>(f.bucket_cap_mb * (1 << 20)),
+        .shard_optimizer_state = f.shard_optimizer_state,
+        .local_replicas = std::max(1, f.replicas)});
   }
   return nullptr;
 }
@@ -463,6 +474,16 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   "Every N steps, check that all workers hold bitwise-identical variables "
                   "(0, the default: never)")
       ->check(int_at_least(0));
+  fit->add_flag("--overlap-gradients", train_flags.overlap_gradients,
+                "multi-worker: all-reduce the gradients in buckets while backward runs "
+                "(bitwise the same result)");
+  fit->add_option("--bucket-cap-mb", train_flags.bucket_cap_mb,
+                  "multi-worker --overlap-gradients: bucket size in MiB (default 1)")
+      ->check(finite_positive());
+  fit->add_option("--shard-optimizer-state", train_flags.shard_optimizer_state,
+                  "multi-worker: 1 partitions the optimizer slots across workers (ZeRO stage 1), "
+                  "2 also reduce-scatters the gradients (stage 2); 0 (default) replicates them")
+      ->check(int_at_least(0) & int_at_most(2, "the ZeRO stages are 1 and 2"));
   fit->add_option("--logdir", train_flags.logdir,
                   "Write TensorBoard event files here (train/ and validation/ runs)");
   add_lm_flags(fit, lm_flags);

@@ -3,6 +3,7 @@
 #include "dtrain/distribute/collectives.h"
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring.h>
@@ -23,6 +24,7 @@
 
 #include "dtrain/core/error.h"
 #include "gloo_store.h"
+#include "ordered_all_reduce.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -151,6 +153,7 @@ struct Collectives::Impl {
   std::shared_ptr<gloo::rendezvous::Context> sync_context;
   std::vector<Bucket> buckets;
   Bucket scalar_bucket;
+  std::vector<OrderedBuffer> ordered;
   bool broken = false;
 
   std::string peers_text() const {
@@ -391,6 +394,91 @@ void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
   });
 }
 
+std::vector<std::vector<SumRange>> Collectives::summation_order(
+    std::span<const Tensor> tensors) const {
+  const Impl& m = *impl_;
+  const int n = size();
+  const AllreduceAlgorithm a = m.options.algorithm;
+  if (n >= 3 && a != AllreduceAlgorithm::kAuto && a != AllreduceAlgorithm::kReduceScatter) {
+    throw FailedPreconditionError(
+        str_cat("Collectives::summation_order: the all-reduce algorithm chosen for ", n,
+                " workers sums in an order of its own; overlapped or sharded reductions need "
+                "AllreduceAlgorithm::kAuto or kReduceScatter"));
+  }
+  std::vector<std::vector<SumRange>> out(tensors.size());
+  // Tensors [first, last) reduced as one buffer: with two workers every order gives the same
+  // bits (a + b == b + a) and the chunks below serve as owners all the same.
+  auto assign = [&](size_t first, size_t last) {
+    size_t bytes = 0;
+    for (size_t k = first; k < last; ++k) bytes += tensors[k].nbytes();
+    const size_t elem = dtype_size(tensors[first].dtype());
+    const auto chunk = static_cast<int64_t>(n == 1 ? std::max<size_t>(1, bytes / elem)
+                                                   : ring_chunk_elements(bytes, elem, n));
+    int64_t offset = 0;
+    for (size_t k = first; k < last; ++k) {
+      const int64_t count = tensors[k].num_elements();
+      for (int64_t b = 0; b < count;) {
+        const int owner = static_cast<int>(std::min<int64_t>((offset + b) / chunk, n - 1));
+        const int64_t e = owner == n - 1 ? count : std::min(count, (owner + 1) * chunk - offset);
+        out[k].push_back({b, e, owner});
+        b = e;
+      }
+      offset += count;
+    }
+  };
+  // The packing of all_reduce, step by step.
+  size_t i = 0;
+  while (i < tensors.size()) {
+    const DType d = tensors[i].dtype();
+    const size_t bytes = tensors[i].nbytes();
+    if (bytes >= m.options.bucket_bytes && m.in_place_ok(bytes)) {
+      assign(i, i + 1);
+      ++i;
+      continue;
+    }
+    size_t j = i, total = 0;
+    while (j < tensors.size() && tensors[j].dtype() == d &&
+           (j == i || total + tensors[j].nbytes() <= m.options.bucket_bytes) &&
+           !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
+      total += tensors[j].nbytes();
+      ++j;
+    }
+    assign(i, j);
+    i = j;
+  }
+  return out;
+}
+
+void Collectives::all_reduce_in_order(std::span<const OrderedPiece> pieces, DType dtype,
+                                      size_t buffer) {
+  DTRAIN_CHECK(dtype == DType::kFloat32 || dtype == DType::kFloat64, "all_reduce_in_order: dtype ",
+               dtype_name(dtype), " is not supported (float32, float64)");
+  const int n = size();
+  const size_t elem = dtype_size(dtype);
+  for (const OrderedPiece& p : pieces) {
+    DTRAIN_CHECK(p.owner >= 0 && p.owner < n && p.keep >= -1 && p.keep < n &&
+                     (p.dst != nullptr || (p.keep >= 0 && p.keep != rank())),
+                 "all_reduce_in_order: owner ", p.owner, " or keep ", p.keep,
+                 " is out of range for ", n,
+                 " workers, or a piece this worker keeps has no output");
+  }
+  if (n == 1) {
+    for (const OrderedPiece& p : pieces) {
+      if (p.src == nullptr) {
+        std::memset(p.dst, 0, p.count * elem);
+      } else if (p.src != p.dst) {
+        std::memcpy(p.dst, p.src, p.count * elem);
+      }
+    }
+    return;
+  }
+  Impl& m = *impl_;
+  m.guarded("all_reduce_in_order", [&] {
+    if (m.ordered.size() <= buffer) m.ordered.resize(buffer + 1);
+    ordered_ring_all_reduce(*m.context, pieces, dtype, m.ordered[buffer], m.options.timeout);
+  });
+}
+
 double Collectives::all_reduce_scalar(double value, ReduceOp op) {
   if (size() == 1) return value;
   Impl& m = *impl_;
@@ -469,6 +557,28 @@ void Collectives::all_gather(const Tensor& local, Tensor& out) {
     opts.setOutput(static_cast<uint8_t*>(out.raw_data()), out.nbytes());
     opts.setTimeout(m.options.timeout);
     gloo::allgather(opts);
+  });
+}
+
+void Collectives::all_gather_v(const void* local, void* out,
+                               std::span<const size_t> bytes_per_rank) {
+  DTRAIN_CHECK(static_cast<int>(bytes_per_rank.size()) == size(),
+               "all_gather_v: ", bytes_per_rank.size(), " sizes for ", size(), " workers");
+  size_t total = 0;
+  for (size_t b : bytes_per_rank) total += b;
+  if (size() == 1) {
+    if (total > 0 && out != local) std::memmove(out, local, total);
+    return;
+  }
+  if (total == 0) return;
+  Impl& m = *impl_;
+  m.guarded("all_gather_v", [&] {
+    gloo::AllgathervOptions opts(m.context);
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(local)), bytes_per_rank[rank()]);
+    opts.setOutput(static_cast<uint8_t*>(out),
+                   std::vector<size_t>(bytes_per_rank.begin(), bytes_per_rank.end()));
+    opts.setTimeout(m.options.timeout);
+    gloo::allgatherv(opts);
   });
 }
 

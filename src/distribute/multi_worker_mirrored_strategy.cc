@@ -11,7 +11,9 @@
 #include "dtrain/core/build_info.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
+#include "dtrain/distribute/gradient_overlap.h"
 #include "dtrain/distribute/rendezvous.h"
+#include "dtrain/distribute/sharded_update.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -179,6 +181,19 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
                                     .run_id = run_id,
                                     .generation = generation});
   check_same_build(*store_, run_id, *collectives_, options.timeout);
+  DTRAIN_CHECK(!options.overlap_gradients || options.overlap_bucket_bytes > 0,
+               "MultiWorkerMirroredStrategy: overlap_bucket_bytes must be positive");
+  overlap_gradients_ = options.overlap_gradients;
+  overlap_bucket_bytes_ = options.overlap_bucket_bytes;
+  DTRAIN_CHECK(options.shard_optimizer_state >= 0 && options.shard_optimizer_state <= 2,
+               "MultiWorkerMirroredStrategy: shard_optimizer_state is ",
+               options.shard_optimizer_state, ", must be 0, 1 or 2");
+  if (options.shard_optimizer_state > 0 && options.local_replicas != 1) {
+    throw InvalidArgumentError(str_cat(
+        "MultiWorkerMirroredStrategy: shard_optimizer_state ", options.shard_optimizer_state,
+        " needs local_replicas = 1 (got ", options.local_replicas, ")"));
+  }
+  shard_optimizer_state_ = options.shard_optimizer_state;
 }
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
@@ -194,6 +209,20 @@ void MultiWorkerMirroredStrategy::broadcast_from_chief(std::span<Tensor> tensors
 
 double MultiWorkerMirroredStrategy::all_reduce_scalar(double value, ReduceOp op) {
   return collectives_->all_reduce_scalar(value, op);
+}
+
+std::unique_ptr<OverlappedGradientReduction> MultiWorkerMirroredStrategy::make_overlapped_reduction(
+    std::span<Tensor> out, std::span<Tensor> extra) {
+  if (!overlap_gradients_ || num_workers() == 1 || num_local_replicas() != 1) return nullptr;
+  return std::make_unique<OverlappedGradientReduction>(*collectives_, out, extra,
+                                                       overlap_bucket_bytes_);
+}
+
+std::unique_ptr<ShardedOptimizerUpdate> MultiWorkerMirroredStrategy::make_sharded_update(
+    std::span<Variable* const> vars, std::span<Tensor> extra, optim::Optimizer& optimizer) {
+  if (shard_optimizer_state_ == 0) return nullptr;
+  return std::make_unique<ShardedOptimizerUpdate>(*collectives_, vars, extra,
+                                                  shard_optimizer_state_, optimizer);
 }
 
 void MultiWorkerMirroredStrategy::barrier() { collectives_->barrier(); }

@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include "dtrain/core/error.h"
+#include "dtrain/distribute/gradient_overlap.h"
+#include "dtrain/distribute/sharded_update.h"
 #include "dtrain/optim/optimizer.h"
 #include "replica_context.h"
 
@@ -62,6 +64,17 @@ void Strategy::all_gather_across_workers(const Tensor& local, Tensor& out) {
                "all_gather_across_workers: output ", out.to_string(0), " does not fit ",
                local.to_string(0));
   out.copy_from(local);
+}
+
+std::unique_ptr<OverlappedGradientReduction> Strategy::make_overlapped_reduction(
+    std::span<Tensor> /*out*/, std::span<Tensor> /*extra*/) {
+  return nullptr;
+}
+
+std::unique_ptr<ShardedOptimizerUpdate> Strategy::make_sharded_update(
+    std::span<Variable* const> /*vars*/, std::span<Tensor> /*extra*/,
+    optim::Optimizer& /*optimizer*/) {
+  return nullptr;
 }
 
 Tensor Strategy::reduce(ReduceOp op, const PerReplica& values) {

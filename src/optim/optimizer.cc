@@ -135,6 +135,22 @@ void Optimizer::build(std::span<Variable* const> vars) {
   }
 }
 
+void Optimizer::drop_slots(std::span<Variable* const> vars) {
+  for (Variable* var : vars) {
+    if (var == nullptr) continue;
+    const auto it = slots_.find(var->id());
+    if (it == slots_.end()) continue;
+    const SlotSet set = it->second;
+    slots_.erase(it);
+    std::erase_if(slot_variables_, [&](const std::unique_ptr<Variable>& v) {
+      return std::find(set.variables.begin(), set.variables.end(), v.get()) != set.variables.end();
+    });
+    if (set.clipped != nullptr) {
+      std::erase_if(clip_buffers_, [&](const Tensor& t) { return t.data<float>() == set.clipped; });
+    }
+  }
+}
+
 void Optimizer::prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars) {
   DTRAIN_CHECK(grads.size() == vars.size(), name_, ".apply_gradients: ", grads.size(),
                " gradients for ", vars.size(), " variables");

@@ -4,14 +4,18 @@
 // Strategy::reduce_gradients sums them in replica order, then across workers, so that every
 // worker applies the same update to its (identical) variables. With one worker, no
 // non-finite check and no clipping by norm the replica threads apply the update, each on its
-// own element range, in the same pass as the sum.
+// own element range, in the same pass as the sum. With MultiWorkerOptions::overlap_gradients
+// (one local replica, several workers) the all-reduce runs in buckets on a communication thread
+// while backward goes on (distribute/gradient_overlap.h): the same sums, bitwise.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
 
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/distribute/gradient_overlap.h"
 #include "dtrain/distribute/input.h"
+#include "dtrain/distribute/sharded_update.h"
 #include "dtrain/distribute/sync_check.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/preemption.h"
@@ -28,10 +32,12 @@ class ReplicatedStep final : public TrainStep {
         s_(s),
         st_(*s.strategy),
         skip_nonfinite_(options.skip_nonfinite),
+        save_checkpoints_(options.save_checkpoints),
         verify_sync_every_(options.verify_sync_every) {}
 
   void begin() override {
     trainable_ = model_.trainable_variables();
+    sharded_.reset();  // hands its slots back before anything reads the optimizer
     if (verify_sync_every_ > 0) {
       sync_vars_ = model_.weights();
       s_.optimizer->build(trainable_);  // slots exist before the first check
@@ -49,6 +55,24 @@ class ReplicatedStep final : public TrainStep {
     extra_ = {flags_};
     if (!state_updates_.empty()) extra_.push_back(state_updates_.buffer());
     update_ = [this](int r, int parts) { s_.optimizer->update_part(out_, trainable_, r, parts); };
+    sharded_ = st_.make_sharded_update(trainable_, extra_, *s_.optimizer);
+    if (sharded_) {
+      if (save_checkpoints_) {
+        throw FailedPreconditionError(
+            "fit: checkpoints (save_checkpoints, dtrain fit --checkpoint-dir) of sharded optimizer "
+            "state (shard_optimizer_state) are not written yet; train without one of them");
+      }
+      // Each worker holds only its rows' slots now: compare the variables and the step count.
+      if (verify_sync_every_ > 0) {
+        sync_vars_ = model_.weights();
+        sync_vars_.push_back(&s_.optimizer->iterations_variable());
+      }
+      grads_.clear();  // the sums live in the shards
+    }
+    overlap_ = sharded_ ? nullptr : st_.make_overlapped_reduction(grads_, extra_);
+    if (overlap_) {
+      on_final_ = [this](size_t k) { overlap_->gradient_ready(k, replicas_[0].grads[k]); };
+    }
     if (!s_.variables_synced) {
       // Every worker starts from the chief's variables (TF broadcasts them when variables are
       // created in scope).
@@ -73,7 +97,12 @@ class ReplicatedStep final : public TrainStep {
       replicas_[r].y = y.slice(b, e);
     }
     global_ = global;
-    st_.run([this](int r) { compute(r); });
+    try {
+      st_.run([this](int r) { compute(r); });
+    } catch (...) {
+      if (overlap_) overlap_->abandon();
+      throw;
+    }
     state_updates_.gather(local);
 
     int64_t nonfinite_loss = 0;
@@ -82,7 +111,7 @@ class ReplicatedStep final : public TrainStep {
       if (replicas_[r].y_pred.defined() && !std::isfinite(replicas_[r].loss)) ++nonfinite_loss;
     }
     // One replica whose gradients are all defined: reduce in place (no copy).
-    const bool in_place = local == 1 && per_replica_[0].size() == trainable_.size() &&
+    const bool in_place = !overlap_ && local == 1 && per_replica_[0].size() == trainable_.size() &&
                           std::all_of(per_replica_[0].begin(), per_replica_[0].end(),
                                       [](const Tensor& g) { return g.defined(); });
     out_ = in_place ? std::span<Tensor>(per_replica_[0]) : std::span<Tensor>(grads_);
@@ -93,10 +122,25 @@ class ReplicatedStep final : public TrainStep {
     // whole reduced gradient before any range is updated (prepare_update computes it after the
     // reduction, serially, so the result is the same for any number of replicas).
     const bool update_now = !skip_nonfinite_ && !s_.optimizer->clipping().by_norm();
-    if (update_now) s_.optimizer->prepare_update(out_, trainable_);
-    st_.reduce_gradients(
-        per_replica_, out_, distribute::ReduceOp::kSum,
-        {.extra = std::span<Tensor>(extra_), .then = update_now ? &update_ : nullptr});
+    if (sharded_) {
+      StepOutcome outcome = run_sharded();
+      for (int r = 0; r < local; ++r) replicas_[r].grads = std::move(per_replica_[r]);
+      return finish_step(outcome);
+    }
+    if (overlap_) {
+      // The buckets were reduced as backward finished them; the flags and moving statistics go
+      // last. The update then runs as after reduce_gradients with several workers.
+      overlap_->finish();
+      if (update_now) {
+        s_.optimizer->prepare_update(out_, trainable_);
+        update_(0, 1);
+      }
+    } else {
+      if (update_now) s_.optimizer->prepare_update(out_, trainable_);
+      st_.reduce_gradients(
+          per_replica_, out_, distribute::ReduceOp::kSum,
+          {.extra = std::span<Tensor>(extra_), .then = update_now ? &update_ : nullptr});
+    }
     // Applied whether or not the gradients are (the forward pass ran, as in Keras).
     state_updates_.apply(st_.num_replicas_in_sync());
     StepOutcome outcome;
@@ -118,6 +162,37 @@ class ReplicatedStep final : public TrainStep {
       }
     }
     for (int r = 0; r < local; ++r) replicas_[r].grads = std::move(per_replica_[r]);
+    return finish_step(outcome);
+  }
+
+  void end_epoch(nn::Logs& logs) override {
+    if (!sharded_) return;
+    // Per worker: what sharding saves (optimizer slots; gradients with stage 2).
+    logs["optimizer_slot_bytes"] = static_cast<double>(sharded_->slot_bytes());
+    logs["gradient_bytes"] = static_cast<double>(sharded_->gradient_bytes());
+  }
+
+  void end(int /*verbose*/) override {
+    // The optimizer looks unsharded again (full slots), for model.save and checkpoints.
+    if (sharded_) sharded_->gather_slots();
+  }
+
+ private:
+  // The ZeRO step: the gradients summed into this worker's shard, the flags and moving
+  // statistics everywhere; the update of its rows; the variables all-gathered.
+  StepOutcome run_sharded() {
+    sharded_->reduce(per_replica_[0]);
+    state_updates_.apply(st_.num_replicas_in_sync());
+    StepOutcome outcome;
+    outcome.stop = flags_.data<float>()[0] > 0.0f;
+    outcome.applied =
+        !skip_nonfinite_ || (flags_.data<float>()[1] == 0.0f && sharded_->all_finite());
+    if (outcome.applied) sharded_->apply();
+    return outcome;
+  }
+
+  StepOutcome finish_step(const StepOutcome& outcome) {
+    const int local = st_.num_local_replicas();
     ++steps_run_;
     if (verify_sync_every_ > 0 && steps_run_ % verify_sync_every_ == 0) {
       distribute::verify_sync(st_, sync_vars_, steps_run_);
@@ -155,7 +230,7 @@ class ReplicatedStep final : public TrainStep {
     // Σ over replicas of (mean loss over the replica's rows · rows / global) is the mean over the
     // global batch, so summed gradients are the global batch's gradient.
     const Tensor scaled = scale(loss, static_cast<float>(rows) / static_cast<float>(global_));
-    tape.gradient(scaled, trainable_, rep.grads);
+    tape.gradient(scaled, trainable_, rep.grads, overlap_ ? &on_final_ : nullptr);
     rep.loss = loss.item();
     rep.y_pred = stop_gradient(y_pred);
   }
@@ -164,6 +239,7 @@ class ReplicatedStep final : public TrainStep {
   TrainingState& s_;
   distribute::Strategy& st_;
   const bool skip_nonfinite_;
+  const bool save_checkpoints_;
   // Every this many steps, compare a checksum of every variable across workers (FitOptions).
   const int64_t verify_sync_every_;
   std::vector<Variable*> sync_vars_;
@@ -178,6 +254,10 @@ class ReplicatedStep final : public TrainStep {
   std::vector<Tensor> extra_;  // flags_, then the state updates (sharing their buffers)
   int64_t global_ = 0;
   std::function<void(int, int)> update_;
+  // The overlapped all-reduce (null unless the strategy overlaps) and the tape's hook into it.
+  std::unique_ptr<distribute::OverlappedGradientReduction> overlap_;
+  std::function<void(size_t)> on_final_;
+  std::unique_ptr<distribute::ShardedOptimizerUpdate> sharded_;  // ZeRO; null when not sharded
 };
 
 }  // namespace

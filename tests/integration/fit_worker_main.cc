@@ -4,6 +4,9 @@
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
 //              [--step-delay-us U] [--sync-bn 1] [--resnet 1] [--batch-size B]
+//              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
+// --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
+// of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -26,6 +29,7 @@
 #include "dtrain/nn/merging.h"
 #include "dtrain/nn/normalization.h"
 #include "dtrain/nn/pooling.h"
+#include "dtrain/nn/reshaping.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/training.h"
 
@@ -47,15 +51,15 @@ class RowCounter : public nn::Layer {
 
 constexpr int64_t kExamples = 384, kFeatures = 8;
 
-void make_data(Tensor& x, Tensor& y) {
+void make_data(Tensor& x, Tensor& y, int64_t features = kFeatures) {
   Philox rng(7);
-  x = Tensor(Shape{kExamples, kFeatures});
+  x = Tensor(Shape{kExamples, features});
   y = Tensor(DType::kInt64, Shape{kExamples});
   for (int64_t i = 0; i < kExamples; ++i) {
     const int64_t c = static_cast<int64_t>(rng.uniform_int(3));
     y.data<int64_t>()[i] = c;
-    for (int64_t d = 0; d < kFeatures; ++d) {
-      x.data<float>()[i * kFeatures + d] = (d % 3 == c ? 1.0f : 0.0f) + 0.7f * rng.normal();
+    for (int64_t d = 0; d < features; ++d) {
+      x.data<float>()[i * features + d] = (d % 3 == c ? 1.0f : 0.0f) + 0.7f * rng.normal();
     }
   }
 }
@@ -71,7 +75,10 @@ struct Backup {
   // SyncBatchNormalization (Conv2D → SyncBN → ReLU → Conv2D → SyncBN, Add() skip, ReLU,
   // GlobalAveragePooling2D, Dense(3)).
   bool resnet = false;
-  int64_t batch_size = 32;  // --batch-size: the global batch
+  int64_t batch_size = 32;          // --batch-size: the global batch
+  size_t overlap_bucket_bytes = 0;  // 0: the all-reduce after backward
+  bool cnn = false;
+  int shard = 0;  // --shard-optimizer-state: ZeRO stage
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -81,7 +88,10 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     strategy = std::make_unique<distribute::MirroredStrategy>(replicas);
   } else if (mode == "multi-worker") {
     strategy = std::make_unique<distribute::MultiWorkerMirroredStrategy>(
-        distribute::MultiWorkerOptions{.local_replicas = replicas});
+        distribute::MultiWorkerOptions{.overlap_gradients = backup.overlap_bucket_bytes > 0,
+                                       .overlap_bucket_bytes = backup.overlap_bucket_bytes,
+                                       .shard_optimizer_state = backup.shard,
+                                       .local_replicas = replicas});
   } else if (mode != "single") {
     throw InvalidArgumentError("unknown --mode " + mode);
   }
@@ -91,7 +101,8 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   // make them equal.
   set_random_seed(strategy ? 11 + strategy->worker_rank() : 11);
   Tensor x, y;
-  make_data(x, y);
+  make_data(x, y, backup.cnn ? 36 : kFeatures);
+  if (backup.cnn) x = x.reshape(Shape{kExamples, 6, 6, 1});
   // Rows this process's replicas computed on, counted where they are computed (replica threads
   // call the layer concurrently): proves the global batches are split.
   auto counter = std::make_shared<RowCounter>();
@@ -110,6 +121,15 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     nn::KerasTensor o = nn::call(nn::Dense(3), nn::call(nn::GlobalAveragePooling2D(), h));
     owned = std::make_unique<nn::Functional>(std::vector<nn::KerasTensor>{in},
                                              std::vector<nn::KerasTensor>{o});
+  } else if (backup.cnn) {
+    auto seq = std::make_unique<nn::Sequential>();
+    seq->add_layer(nn::Conv2D(4, {3}, {.activation = "relu", .input_shape = Shape{6, 6, 1}}));
+    seq->add_layer(nn::MaxPooling2D());
+    seq->add_layer(nn::Flatten());
+    seq->add_layer(nn::Dense(16, {.activation = "relu"}));
+    seq->add_layer(nn::LayerRef(counter));
+    seq->add_layer(nn::Dense(3));
+    owned = std::move(seq);
   } else {
     auto seq = std::make_unique<nn::Sequential>();
     if (backup.sync_bn) {
@@ -132,6 +152,12 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   if (backup.step_delay_us > 0) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(
         train::LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
+          static bool announced = false;  // tells a test that training is under way
+          if (!announced) {
+            announced = true;
+            std::printf("first step done\n");
+            std::fflush(stdout);
+          }
           std::this_thread::sleep_for(std::chrono::microseconds(backup.step_delay_us));
         }}));
   }
@@ -156,6 +182,10 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     f.write(static_cast<const char*>(v->tensor().raw_data()), v->tensor().nbytes());
   for (Variable* v : model.optimizer()->variables()) {
     f.write(static_cast<const char*>(v->tensor().raw_data()), v->tensor().nbytes());
+  }
+  if (backup.shard > 0) {
+    std::printf("sharded: optimizer_slot_bytes %.0f gradient_bytes %.0f\n",
+                h.last("optimizer_slot_bytes"), h.last("gradient_bytes"));
   }
   std::printf("%s done: loss %.6f accuracy %.6f\n", mode.c_str(), h.last("loss"),
               h.last("accuracy"));
@@ -193,6 +223,12 @@ int main(int argc, char** argv) {
       backup.sync_bn = v == "1";
     else if (k == "--resnet")
       backup.resnet = v == "1";
+    else if (k == "--overlap-bucket-bytes")
+      backup.overlap_bucket_bytes = static_cast<size_t>(std::atoll(v.c_str()));
+    else if (k == "--shard-optimizer-state")
+      backup.shard = std::atoi(v.c_str());
+    else if (k == "--arch")
+      backup.cnn = v == "cnn";
     else if (k == "--batch-size")
       backup.batch_size = std::atoll(v.c_str());
     else {

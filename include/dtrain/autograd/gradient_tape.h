@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -48,6 +49,11 @@ class GradientTape {
   }
   // The same, writing into `out` (resized to sources.size()) so a loop can reuse its storage.
   void gradient(const Tensor& target, std::span<Variable* const> sources, std::vector<Tensor>& out);
+  // The same, calling (*on_final)(k) on this thread as soon as out[k] is final, while the
+  // backward pass goes on (fit's replicated step starts the gradient all-reduce from it:
+  // DDP's autograd hook). out[k] is not written again after the call.
+  void gradient(const Tensor& target, std::span<Variable* const> sources, std::vector<Tensor>& out,
+                const std::function<void(size_t k)>* on_final);
   // Gradients with respect to watched tensors.
   std::vector<Tensor> gradient(const Tensor& target, const std::vector<Tensor>& sources);
   Tensor gradient(const Tensor& target, const Tensor& source);

@@ -40,6 +40,28 @@ struct CollectiveOptions {
   std::optional<int64_t> generation = std::nullopt;  // see RendezvousOptions
 };
 
+// Elements [begin, end) of one tensor that an all-reduce sums in ring order ending on rank
+// `owner`: x_owner + (x_owner+1 + (... + (x_owner-2 + x_owner-1))), ranks modulo the world size.
+// Gloo's ring all-reduce sums chunk c of a buffer in that order with owner c, so where an element
+// sits in its bucket decides the bits of its sum for three workers or more (docs/decisions.md).
+struct SumRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int owner = 0;
+};
+
+// A run of `count` elements of an ordered all-reduce: read from `src` (zeros when null), summed
+// across workers in ring order ending on `owner` (as SumRange), written to `dst` (may be src) on
+// every worker, or with keep >= 0 only on worker `keep` (a reduce-scatter to it: `dst` is not
+// touched, and may be null, elsewhere).
+struct OrderedPiece {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  size_t count = 0;
+  int owner = 0;
+  int keep = -1;
+};
+
 class Collectives {
  public:
   // Rendezvous on `store` (see rendezvous()), then connects a full mesh of TCP pairs and waits
@@ -71,12 +93,29 @@ class Collectives {
   // where Gloo says which), DeadlineExceededError after the timeout, InvalidArgumentError for
   // an unsupported dtype.
   void all_reduce(std::span<Tensor> tensors, ReduceOp op);
+  // The order all_reduce(tensors, kSum) sums each element in: for every tensor, its element
+  // ranges (covering it, in order) and their owners. Depends only on the tensors' sizes and
+  // dtypes, the bucket size, the algorithm and the world size, so it is the same on every
+  // worker. Throws FailedPreconditionError for three workers or more with an old-style
+  // algorithm (kRing, kRingChunked, kHalvingDoubling), whose order is not Gloo's new ring's.
+  std::vector<std::vector<SumRange>> summation_order(std::span<const Tensor> tensors) const;
+  // Sums `pieces` (all of `dtype`, float32 or float64) across workers: each element in the ring
+  // order of its piece's owner, so that an element given the owner summation_order() names gets
+  // bitwise what all_reduce gives it, however the pieces are grouped. A reduce-scatter to the
+  // owners along the ring, then an all-gather; every worker must pass the same counts and owners
+  // in the same order. Uses the persistent buffer `buffer` (one per concurrent use; they are
+  // reused between calls). Throws as all_reduce. May run on another thread than the other
+  // collectives, but never at the same time as one of them.
+  void all_reduce_in_order(std::span<const OrderedPiece> pieces, DType dtype, size_t buffer);
   // One number, reduced across workers.
   double all_reduce_scalar(double value, ReduceOp op);
   // Overwrites `tensors` on every worker with `root`'s values, in place (bucketed).
   void broadcast(std::span<Tensor> tensors, int root);
   // out[r] = rank r's `local`. `out` has shape [size(), local.shape...] and local's dtype.
   void all_gather(const Tensor& local, Tensor& out);
+  // out = the concatenation, in rank order, of every rank's `local` (bytes_per_rank[r] bytes from
+  // rank r; this rank's must equal its `local`'s size). Throws as all_reduce.
+  void all_gather_v(const void* local, void* out, std::span<const size_t> bytes_per_rank);
   // Returns once every worker has called barrier().
   void barrier();
 

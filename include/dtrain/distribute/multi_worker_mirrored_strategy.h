@@ -33,6 +33,17 @@ struct MultiWorkerOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(30);  // rendezvous and each collective
   size_t bucket_bytes = size_t{4} << 20;                         // all-reduce bucket size
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
+  // fit()'s gradient all-reduce overlapped with the backward pass, in buckets of up to
+  // overlap_bucket_bytes in reverse variable order (PyTorch DDP's bucket_cap_mb), on a
+  // communication thread; bitwise the same result (gradient_overlap.h). With one local replica
+  // (several: reduced after backward as without it).
+  bool overlap_gradients = false;
+  size_t overlap_bucket_bytes = size_t{1} << 20;
+  // ZeRO: 0 replicates the optimizer state; 1 partitions its slots across the workers
+  // (partition_rows), each worker updating its rows; 2 also reduce-scatters the gradients so
+  // each worker keeps only its rows' sums. Bitwise the same variables (sharded_update.h). With
+  // one local replica; not with fit's checkpoints (save_checkpoints) yet.
+  int shard_optimizer_state = 0;
   int local_replicas = 1;   // replica threads per worker (TF on CPU: 1)
   int blas_threads = -1;    // as MirroredOptions::blas_threads; -1: leave alone
   std::string host = "";    // address collectives bind; default: the cluster's host for this task
@@ -66,6 +77,11 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   double all_reduce_scalar(double value, ReduceOp op) override;
   void barrier() override;
   void all_gather_across_workers(const Tensor& local, Tensor& out) override;
+  std::unique_ptr<OverlappedGradientReduction> make_overlapped_reduction(
+      std::span<Tensor> out, std::span<Tensor> extra) override;
+  std::unique_ptr<ShardedOptimizerUpdate> make_sharded_update(std::span<Variable* const> vars,
+                                                              std::span<Tensor> extra,
+                                                              optim::Optimizer& optimizer) override;
 
   const ClusterSpec& cluster() const { return cluster_; }
   Collectives& collectives() { return *collectives_; }
@@ -75,6 +91,9 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   std::unique_ptr<CoordinationServer> server_;  // rank 0, when it serves the rendezvous
   std::shared_ptr<KeyValueStore> store_;
   std::unique_ptr<Collectives> collectives_;
+  bool overlap_gradients_ = false;
+  size_t overlap_bucket_bytes_ = 0;
+  int shard_optimizer_state_ = 0;
 };
 
 }  // namespace dtrain::distribute

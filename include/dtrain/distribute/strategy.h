@@ -19,11 +19,19 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/autograd/variable.h"
 #include "dtrain/core/tensor.h"
+
+namespace dtrain::optim {
+class Optimizer;
+}
 
 namespace dtrain::distribute {
 
 enum class ReduceOp { kSum, kMean };
+
+class OverlappedGradientReduction;
+class ShardedOptimizerUpdate;
 
 // One value per local replica, indexed by local replica (tf.distribute's PerReplica).
 using PerReplica = std::vector<Tensor>;
@@ -86,6 +94,19 @@ class Strategy {
                         ReduceOp op) {
     reduce_gradients(per_replica, out, op, ReduceGradientsOptions{});
   }
+
+  // The gradient all-reduce overlapped with backward (gradient_overlap.h), for the step that
+  // would call reduce_gradients(per_replica, out, kSum, {.extra = extra}) with one local
+  // replica; bitwise the same sums. Null when this strategy does not overlap (the default; see
+  // MultiWorkerOptions::overlap_gradients), or with one worker or several local replicas.
+  virtual std::unique_ptr<OverlappedGradientReduction> make_overlapped_reduction(
+      std::span<Tensor> out, std::span<Tensor> extra);
+
+  // Sharded optimizer state (sharded_update.h) for fit's replicated step with one local replica:
+  // null when this strategy does not shard it (the default; see
+  // MultiWorkerOptions::shard_optimizer_state).
+  virtual std::unique_ptr<ShardedOptimizerUpdate> make_sharded_update(
+      std::span<Variable* const> vars, std::span<Tensor> extra, optim::Optimizer& optimizer);
 
   // Reduces `tensors` element-wise across worker processes, in place; the same bits arrive on
   // every worker. A no-op with one worker. Blocks; throws UnavailableError when a peer is lost

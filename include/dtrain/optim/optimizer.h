@@ -88,6 +88,11 @@ class Optimizer {
   // with inner boundaries on multiples of 16 elements (64-byte cache lines of float32).
   static std::pair<int64_t, int64_t> element_range(int64_t n, int part, int parts);
 
+  // Forgets the slots of `vars` (and frees them): for sharded optimizer state, whose shard
+  // variables die before the optimizer (distribute/sharded_update.h). Variables without slots
+  // are ignored. Must not be called between prepare_update and finish_update.
+  void drop_slots(std::span<Variable* const> vars);
+
   // Creates the slot variables (zeros, non-trainable) of each variable that has none yet, slot
   // by slot as Keras does (all "m", then all "v"), so a checkpoint can be restored into them
   // before the first step. Throws InvalidArgumentError for a null or non-float32 variable.

@@ -1,0 +1,263 @@
+// ShardedOptimizerUpdate: partition_rows shards, the summation order of the unsharded
+// all-reduce intersected with them, shard slots, the all-gather of the updated rows.
+#include "dtrain/distribute/sharded_update.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "dtrain/core/error.h"
+#include "dtrain/optim/optimizer.h"
+
+namespace dtrain::distribute {
+namespace {
+
+int64_t rows_of(const Shape& s) { return s.rank() == 0 ? 1 : s[0]; }
+
+Shape rows_shape(const Shape& s, int64_t rows) {
+  return s.rank() == 0 ? s : s.without_first().with_first(rows);
+}
+
+}  // namespace
+
+ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
+                                               std::span<Variable* const> vars,
+                                               std::span<Tensor> extra, int stage,
+                                               optim::Optimizer& optimizer)
+    : collectives_(collectives),
+      vars_(vars.begin(), vars.end()),
+      extra_(extra),
+      stage_(stage),
+      optimizer_(optimizer),
+      rank_(collectives.rank()) {
+  DTRAIN_CHECK(stage == 1 || stage == 2, "shard_optimizer_state: stage ", stage,
+               " is not supported (1 or 2; 0 turns sharding off)");
+  if (optimizer.clipping().by_norm()) {
+    throw FailedPreconditionError(
+        str_cat("shard_optimizer_state ", stage, ": ", optimizer.name(),
+                " clips by norm (clipnorm or global_clipnorm), which needs every row of the "
+                "gradients on one worker; use clipvalue or train without sharded optimizer state"));
+  }
+  std::vector<Shape> shapes;
+  std::vector<Tensor> all;
+  for (Variable* v : vars_) {
+    DTRAIN_CHECK(v != nullptr && v->dtype() == DType::kFloat32,
+                 "shard_optimizer_state: the trainable variables must be float32");
+    shapes.push_back(v->shape());
+    all.push_back(v->tensor());
+  }
+  for (const Tensor& t : extra) all.push_back(t);
+  order_ = collectives.summation_order(all);
+  const int n = collectives.size();
+  partition_ = partition_rows(shapes, n);
+
+  for (const RowSlice& s : partition_.shards[rank_]) {
+    Variable& v = *vars_[s.variable];
+    const Shape shape = rows_shape(v.shape(), s.row_end - s.row_begin);
+    auto shard = std::make_unique<Variable>(v.name(), Tensor(shape), /*trainable=*/true);
+    shard_ptrs_.push_back(shard.get());
+    shard_vars_.push_back(std::move(shard));
+    shard_grads_.push_back(Tensor(shape));
+  }
+  if (stage_ == 1) {
+    for (Variable* v : vars_) full_grads_.push_back(Tensor(v->shape()));
+  }
+  // Which shard (and which of this worker's slices) holds each element range of each variable.
+  struct Part {
+    int64_t begin, end;  // elements of the variable
+    int shard;
+    int mine;  // index into shard_grads_, or -1
+  };
+  std::vector<std::vector<Part>> parts(vars_.size());
+  for (int k = 0; k < n; ++k) {
+    int mine = 0;
+    for (const RowSlice& s : partition_.shards[k]) {
+      const Shape& shape = vars_[s.variable]->shape();
+      const int64_t row = shape.num_elements() / std::max<int64_t>(1, rows_of(shape));
+      parts[s.variable].push_back(
+          {s.row_begin * row, s.row_end * row, k, k == rank_ ? mine++ : -1});
+    }
+  }
+  for (size_t v = 0; v < vars_.size(); ++v) {
+    for (const SumRange& r : order_[v]) {
+      for (const Part& p : parts[v]) {
+        const int64_t b = std::max(r.begin, p.begin), e = std::min(r.end, p.end);
+        if (b >= e) continue;
+        void* dst = nullptr;
+        if (stage_ == 1) {
+          dst = full_grads_[v].data<float>() + b;
+        } else if (p.mine >= 0) {
+          dst = shard_grads_[p.mine].data<float>() + (b - p.begin);
+        }
+        templates_.push_back({.var = v,
+                              .begin = b,
+                              .count = static_cast<size_t>(e - b),
+                              .owner = r.owner,
+                              .keep = stage_ == 1 ? -1 : p.shard,
+                              .dst = dst});
+      }
+    }
+  }
+  for (int k = 0; k < n; ++k) {
+    shard_bytes_.push_back(static_cast<size_t>(partition_.shard_elements(k)) * sizeof(float));
+  }
+  local_.resize(partition_.shard_elements(rank_));
+  flat_.resize(partition_.total_elements);
+  shard_slots();
+}
+
+ShardedOptimizerUpdate::~ShardedOptimizerUpdate() {
+  // The optimizer must not keep slots of variables that die with this object.
+  if (sharded_) optimizer_.drop_slots(shard_ptrs_);
+}
+
+void ShardedOptimizerUpdate::shard_slots() {
+  const std::vector<std::string> names = optimizer_.slot_names();
+  optimizer_.build(shard_ptrs_);
+  const bool full =
+      !vars_.empty() && !names.empty() && optimizer_.slot(*vars_[0], names[0]) != nullptr;
+  if (full) {
+    const std::vector<RowSlice>& mine = partition_.shards[rank_];
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const Variable& v = *vars_[mine[i].variable];
+      const int64_t row = v.shape().num_elements() / std::max<int64_t>(1, rows_of(v.shape()));
+      for (const std::string& name : names) {
+        const Variable* from = optimizer_.slot(v, name);
+        Variable* to = optimizer_.slot(*shard_ptrs_[i], name);
+        DTRAIN_INTERNAL_CHECK(from != nullptr && to != nullptr);
+        std::memcpy(to->tensor().data<float>(),
+                    from->tensor().data<float>() + mine[i].row_begin * row, to->tensor().nbytes());
+      }
+    }
+    optimizer_.drop_slots(vars_);
+  }
+  sharded_ = true;
+}
+
+void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
+  DTRAIN_CHECK(grads.empty() || grads.size() == vars_.size(),
+               "shard_optimizer_state: ", grads.size(), " gradients for ", vars_.size(),
+               " variables");
+  for (size_t v = 0; v < grads.size(); ++v) {
+    DTRAIN_CHECK(
+        !grads[v].defined() || (grads[v].dtype() == DType::kFloat32 &&
+                                grads[v].num_elements() == vars_[v]->shape().num_elements()),
+        "shard_optimizer_state: gradient ", v, " is ", grads[v].to_string(0));
+  }
+  if (!sharded_) shard_slots();
+  // This worker's rows as the variables hold them now (a rollback or restore may have set them).
+  const std::vector<RowSlice>& mine = partition_.shards[rank_];
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const Variable& v = *vars_[mine[i].variable];
+    const int64_t row = v.shape().num_elements() / std::max<int64_t>(1, rows_of(v.shape()));
+    std::memcpy(shard_vars_[i]->tensor().data<float>(),
+                v.tensor().data<float>() + mine[i].row_begin * row,
+                shard_vars_[i]->tensor().nbytes());
+  }
+  pieces_.clear();
+  for (const PieceTemplate& t : templates_) {
+    const Tensor* g = grads.empty() ? nullptr : &grads[t.var];
+    pieces_.push_back({.src = g != nullptr && g->defined() ? g->data<float>() + t.begin : nullptr,
+                       .dst = t.dst,
+                       .count = t.count,
+                       .owner = t.owner,
+                       .keep = t.keep});
+  }
+  collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
+  if (stage_ == 1) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const Tensor& full = full_grads_[mine[i].variable];
+      const int64_t row =
+          full.num_elements() / std::max<int64_t>(1, rows_of(vars_[mine[i].variable]->shape()));
+      std::memcpy(shard_grads_[i].data<float>(), full.data<float>() + mine[i].row_begin * row,
+                  shard_grads_[i].nbytes());
+    }
+  }
+  for (const DType d : {DType::kFloat32, DType::kFloat64}) {
+    pieces_.clear();
+    const size_t elem = dtype_size(d);
+    for (size_t k = 0; k < extra_.size(); ++k) {
+      if (extra_[k].dtype() != d) continue;
+      auto* data = static_cast<char*>(extra_[k].raw_data());
+      for (const SumRange& r : order_[vars_.size() + k]) {
+        pieces_.push_back({.src = data + r.begin * elem,
+                           .dst = data + r.begin * elem,
+                           .count = static_cast<size_t>(r.end - r.begin),
+                           .owner = r.owner});
+      }
+    }
+    if (!pieces_.empty())
+      collectives_.all_reduce_in_order(pieces_, d, d == DType::kFloat64 ? 2 : 1);
+  }
+}
+
+bool ShardedOptimizerUpdate::all_finite() {
+  double bad = 0;
+  for (const Tensor& g : shard_grads_) {
+    const float* p = g.data<float>();
+    for (int64_t i = 0, n = g.num_elements(); i < n && bad == 0; ++i) {
+      if (!std::isfinite(p[i])) bad = 1;
+    }
+  }
+  return collectives_.all_reduce_scalar(bad, ReduceOp::kSum) == 0;
+}
+
+void ShardedOptimizerUpdate::apply() {
+  if (!shard_ptrs_.empty()) {
+    optimizer_.prepare_update(shard_grads_, shard_ptrs_);
+    optimizer_.update_part(shard_grads_, shard_ptrs_, 0, 1);
+  }
+  optimizer_.finish_update();  // every worker counts the step, with or without rows
+  size_t offset = 0;
+  for (const auto& s : shard_vars_) {
+    std::memcpy(local_.data() + offset, s->tensor().data<float>(), s->tensor().nbytes());
+    offset += static_cast<size_t>(s->tensor().num_elements());
+  }
+  collectives_.all_gather_v(local_.data(), flat_.data(), shard_bytes_);
+  offset = 0;
+  for (Variable* v : vars_) {
+    std::memcpy(v->tensor().data<float>(), flat_.data() + offset, v->tensor().nbytes());
+    offset += static_cast<size_t>(v->shape().num_elements());
+  }
+}
+
+void ShardedOptimizerUpdate::gather_slots() {
+  if (!sharded_) return;
+  const std::vector<std::string> names = optimizer_.slot_names();
+  optimizer_.build(vars_);
+  for (const std::string& name : names) {
+    size_t offset = 0;
+    for (Variable* s : shard_ptrs_) {
+      const Tensor& t = optimizer_.slot(*s, name)->tensor();
+      std::memcpy(local_.data() + offset, t.data<float>(), t.nbytes());
+      offset += static_cast<size_t>(t.num_elements());
+    }
+    collectives_.all_gather_v(local_.data(), flat_.data(), shard_bytes_);
+    offset = 0;
+    for (Variable* v : vars_) {
+      Tensor& t = optimizer_.slot(*v, name)->tensor();
+      std::memcpy(t.data<float>(), flat_.data() + offset, t.nbytes());
+      offset += static_cast<size_t>(t.num_elements());
+    }
+  }
+  optimizer_.drop_slots(shard_ptrs_);
+  sharded_ = false;
+}
+
+size_t ShardedOptimizerUpdate::slot_bytes() const {
+  size_t bytes = 0;
+  const std::vector<std::string> names = optimizer_.slot_names();
+  for (Variable* v : sharded_ ? shard_ptrs_ : vars_) {
+    for (const std::string& name : names) {
+      if (const Variable* s = optimizer_.slot(*v, name)) bytes += s->tensor().nbytes();
+    }
+  }
+  return bytes;
+}
+
+size_t ShardedOptimizerUpdate::gradient_bytes() const {
+  size_t bytes = 0;  // stage 1 keeps the whole sum (its shard is a copy of its rows)
+  for (const Tensor& g : stage_ == 1 ? full_grads_ : shard_grads_) bytes += g.nbytes();
+  return bytes;
+}
+
+}  // namespace dtrain::distribute

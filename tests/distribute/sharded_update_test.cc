@@ -1,0 +1,133 @@
+// ShardedOptimizerUpdate (ZeRO stages 1 and 2) with ranks as threads on loopback: after every
+// step the variables are bitwise those of one all-reduce and Adam on every row; the slots,
+// gathered at the end, are bitwise the unsharded optimizer's; each rank's slots and (stage 2)
+// summed gradients are its partition_rows share.
+#include "dtrain/distribute/sharded_update.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "dtrain/core/error.h"
+#include "dtrain/optim/adam.h"
+
+namespace dtrain::distribute {
+namespace {
+
+void run_ranks(int size, const std::function<void(int, Collectives&)>& fn) {
+  auto store = std::make_shared<InMemoryKeyValueStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(size);
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto c = Collectives::connect(store, {.rank = r, .world_size = size, .bucket_bytes = 4096});
+        fn(r, *c);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+Tensor values(const Shape& shape, int rank, int salt) {
+  Tensor t(shape);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.num_elements(); ++i) {
+    const double u = std::sin(1e-3 * static_cast<double>(i * 7919 + rank * 104729 + salt * 31));
+    p[i] = static_cast<float>(u * std::ldexp(1.0, static_cast<int>((i + rank) % 25) - 12));
+  }
+  return t;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+class ShardedUpdateTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(ShardedUpdateTest, MatchesTheUnshardedUpdateBitwise) {
+  const auto [workers, stage] = GetParam();
+  const std::vector<Shape> shapes = {{7, 5}, {5}, {300, 40}, {}, {2, 3, 4}};
+  run_ranks(workers, [&](int r, Collectives& c) {
+    std::vector<std::unique_ptr<Variable>> ref_vars, vars;
+    std::vector<Variable*> ref_ptrs, ptrs;
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      const std::string name = "v" + std::to_string(k);
+      ref_vars.push_back(std::make_unique<Variable>(name, values(shapes[k], 9, k)));
+      vars.push_back(std::make_unique<Variable>(name, values(shapes[k], 9, k)));
+      ref_ptrs.push_back(ref_vars.back().get());
+      ptrs.push_back(vars.back().get());
+    }
+    optim::Adam ref_opt({.learning_rate = 0.01});
+    optim::Adam opt({.learning_rate = 0.01});
+    Tensor flags = Tensor::from_vector<float>({0, 1}, {2});
+    std::vector<Tensor> extra = {flags};
+    ShardedOptimizerUpdate sharded(c, ptrs, extra, stage, opt);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<Tensor> grads, reference;
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        grads.push_back(values(shapes[k], r, 10 * step + static_cast<int>(k)));
+        reference.push_back(grads.back().clone());
+      }
+      flags.data<float>()[1] = 1;
+      reference.push_back(flags.clone());
+      c.all_reduce(reference, ReduceOp::kSum);
+      ref_opt.apply_gradients(std::span<const Tensor>(reference.data(), shapes.size()), ref_ptrs);
+      sharded.reduce(grads);
+      EXPECT_EQ(flags.data<float>()[1], static_cast<float>(workers));
+      EXPECT_TRUE(sharded.all_finite());
+      sharded.apply();
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        ASSERT_TRUE(same_bits(vars[k]->tensor(), ref_vars[k]->tensor()))
+            << "rank " << r << " variable " << k << " step " << step;
+      }
+    }
+    // Each rank's share of the slots; together they are the unsharded slots once.
+    const size_t full = 2 * 4 * sharded.partition().total_elements;
+    const size_t mine = sharded.slot_bytes();
+    EXPECT_EQ(mine, 2 * 4 * static_cast<size_t>(sharded.partition().shard_elements(r)));
+    EXPECT_LE(mine, full / workers + 2 * 4 * 40);
+    if (stage == 2) {
+      EXPECT_EQ(sharded.gradient_bytes(), mine / 2);
+    } else {
+      EXPECT_EQ(sharded.gradient_bytes(), full / 2);
+    }
+    sharded.gather_slots();
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      for (const char* slot : {"m", "v"}) {
+        const Variable* a = opt.slot(*vars[k], slot);
+        const Variable* b = ref_opt.slot(*ref_vars[k], slot);
+        ASSERT_TRUE(a != nullptr && b != nullptr);
+        ASSERT_TRUE(same_bits(a->tensor(), b->tensor())) << "slot " << slot << " of " << k;
+      }
+    }
+    EXPECT_EQ(opt.variables().size(), ref_opt.variables().size());
+    EXPECT_EQ(opt.iterations(), 3);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorkersAndStages, ShardedUpdateTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(1, 2)));
+
+TEST(ShardedUpdateTest, RefusesClippingByNormAndUnknownStages) {
+  run_ranks(1, [&](int, Collectives& c) {
+    Variable v("v", Tensor(Shape{3}));
+    std::vector<Variable*> vars = {&v};
+    optim::Adam clipped({.clipnorm = 1.0});
+    EXPECT_THROW(ShardedOptimizerUpdate(c, vars, {}, 1, clipped), FailedPreconditionError);
+    optim::Adam adam(optim::AdamOptions{});
+    EXPECT_THROW(ShardedOptimizerUpdate(c, vars, {}, 3, adam), InvalidArgumentError);
+  });
+}
+
+}  // namespace
+}  // namespace dtrain::distribute

@@ -1,0 +1,160 @@
+// MultiWorkerMirroredStrategy with sharded optimizer state (ZeRO stages 1 and 2), real processes
+// and Gloo on loopback: the final model and optimizer variables are bitwise those of the
+// replicated run for 1, 2 and 3 workers, the MLP and the CNN; each worker's optimizer slots
+// (and, with stage 2, summed gradients) are its partition_rows share, about 1/N; fit's
+// checkpoints are refused clearly instead of written without the slots.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "distribute_process.h"
+
+namespace dtrain::testing {
+namespace {
+
+const std::string kWorker = DTRAIN_FIT_WORKER;
+
+std::string tf_config(const std::vector<int>& ports, int index) {
+  std::string workers;
+  for (size_t i = 0; i < ports.size(); ++i) {
+    workers += (i ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(ports[i]) + "\"";
+  }
+  return R"({"cluster": {"worker": [)" + workers + R"(]}, "task": {"type": "worker", "index": )" +
+         std::to_string(index) + "}}";
+}
+
+struct Workers {
+  std::vector<std::string> outs, logs;
+  std::vector<int> codes;
+};
+
+Workers run(const std::string& dir, const std::string& name, int workers,
+            const std::vector<std::string>& flags) {
+  std::vector<int> ports;
+  for (int i = 0; i < workers; ++i) ports.push_back(free_port());
+  std::vector<Process> procs;
+  for (int i = 0; i < workers; ++i) {
+    const std::string stem = dir + "/" + name + std::to_string(i);
+    std::vector<std::string> argv = {kWorker, "--mode", "multi-worker", "--out", stem + ".bin"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    procs.push_back(spawn(argv, {{"TF_CONFIG", tf_config(ports, i)}}, stem + ".log"));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  Workers r;
+  for (int i = 0; i < workers; ++i) {
+    r.codes.push_back(wait_for(procs[i], deadline));
+    r.logs.push_back(read_file(procs[i].log));
+    r.outs.push_back(read_file(dir + "/" + name + std::to_string(i) + ".bin"));
+  }
+  return r;
+}
+
+std::string train(const std::string& dir, const std::string& name, int workers,
+                  const std::vector<std::string>& flags, std::vector<std::string>* logs = nullptr) {
+  const Workers r = run(dir, name, workers, flags);
+  for (int i = 0; i < workers; ++i) {
+    EXPECT_EQ(r.codes[i], 0) << name << " worker " << i << ":\n" << r.logs[i];
+    if (i > 0) {
+      EXPECT_EQ(r.outs[i], r.outs[0]) << name << ": worker " << i;
+    }
+  }
+  EXPECT_FALSE(r.outs[0].empty()) << name;
+  if (logs != nullptr) *logs = r.logs;
+  return r.outs[0];
+}
+
+// "sharded: optimizer_slot_bytes X gradient_bytes Y" from a worker's log.
+std::pair<double, double> sharded_bytes(const std::string& log) {
+  const size_t at = log.find("sharded: ");
+  double slots = -1, grads = -1;
+  if (at != std::string::npos) {
+    std::sscanf(log.c_str() + at, "sharded: optimizer_slot_bytes %lf gradient_bytes %lf", &slots,
+                &grads);
+  }
+  return {slots, grads};
+}
+
+struct Case {
+  int workers;
+  std::string arch;
+  std::vector<std::string> flags;
+  // The model's trainable floats and its longest row (the partition's granularity).
+  double params, row;
+};
+
+class FitZero : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir(); }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+  std::string dir_;
+};
+
+TEST_P(FitZero, VariablesAreBitwiseThoseOfTheReplicatedRunAndSlotsAreAShare) {
+  const Case& c = GetParam();
+  std::vector<std::string> flags = {"--arch", c.arch, "--verify-sync", "5"};
+  flags.insert(flags.end(), c.flags.begin(), c.flags.end());
+  const std::string replicated = train(dir_, "replicated", c.workers, flags);
+  // Adam: two slots of 4 bytes per trainable float.
+  const double full_slots = 2 * 4 * c.params, full_grads = 4 * c.params;
+  for (const char* stage : {"1", "2"}) {
+    std::vector<std::string> zero = flags;
+    zero.insert(zero.end(), {"--shard-optimizer-state", stage});
+    std::vector<std::string> logs;
+    const std::string out = train(dir_, std::string("zero") + stage, c.workers, zero, &logs);
+    EXPECT_TRUE(out == replicated) << c.workers << " workers, " << c.arch << ", stage " << stage
+                                   << ": sharded optimizer state changed the result";
+    double slots = 0, grads = 0;
+    for (int i = 0; i < c.workers; ++i) {
+      const auto [s, g] = sharded_bytes(logs[i]);
+      std::printf(
+          "%d workers %s stage %s worker %d: optimizer slots %.0f of %.0f bytes, "
+          "gradients %.0f bytes\n",
+          c.workers, c.arch.c_str(), stage, i, s, full_slots, g);
+      ASSERT_GE(s, 0) << logs[i];
+      EXPECT_LE(s, full_slots / c.workers + 2 * 4 * c.row) << "worker " << i;
+      slots += s;
+      if (stage[0] == '2') {
+        EXPECT_LE(g, full_grads / c.workers + 4 * c.row) << "worker " << i;
+        grads += g;
+      } else {
+        EXPECT_EQ(g, full_grads) << "worker " << i;
+      }
+    }
+    EXPECT_EQ(slots, full_slots) << "the shards do not cover every slot element once";
+    if (stage[0] == '2') {
+      EXPECT_EQ(grads, full_grads);
+    }
+  }
+}
+
+// MLP: Dense(8 -> 16) and Dense(16 -> 3): 195 floats, rows of up to 16. CNN: Conv2D(3x3x1 -> 4),
+// Dense(16 -> 16) (after 2x2x4 pooled features), Dense(16 -> 3): 40 + 272 + 51 floats.
+INSTANTIATE_TEST_SUITE_P(
+    WorkersAndModels, FitZero,
+    ::testing::Values(Case{1, "mlp", {"--epochs", "1"}, 195, 16}, Case{2, "mlp", {}, 195, 16},
+                      Case{3, "mlp", {}, 195, 16},
+                      // The third worker has no rows in each epoch's last step.
+                      Case{3, "mlp", {"--batch-size", "191", "--epochs", "3"}, 195, 16},
+                      Case{2, "cnn", {"--epochs", "1"}, 363, 16},
+                      Case{3, "cnn", {"--epochs", "1"}, 363, 16}),
+    [](const auto& info) {
+      return info.param.arch + std::to_string(info.param.workers) + "workers" +
+             (info.param.flags.size() > 2 ? "Batch191" : "");
+    });
+
+TEST(FitZeroCheckpoints, FitCheckpointsOfShardedStateAreRefusedClearly) {
+  const std::string dir = make_temp_dir();
+  const Workers r =
+      run(dir, "w", 2, {"--shard-optimizer-state", "1", "--checkpoint-dir", dir + "/ckpt"});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(r.codes[i], 1) << r.logs[i];
+    EXPECT_NE(r.logs[i].find("error: FAILED_PRECONDITION"), std::string::npos) << r.logs[i];
+    EXPECT_NE(r.logs[i].find("sharded optimizer state"), std::string::npos) << r.logs[i];
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace dtrain::testing

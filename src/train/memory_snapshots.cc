@@ -1,6 +1,7 @@
 // MemorySnapshots: BackupAndRestore's state into the launcher's memory (memory_snapshots.h).
 #include "memory_snapshots.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -11,6 +12,15 @@
 #include "training_state.h"
 
 namespace dtrain::train {
+namespace {
+
+// One MemorySnapshots per process at a time owns DTRAIN_SNAPSHOT_DIR (a second BackupAndRestore
+// in the same fit() takes none), and the agreed snapshot is restored once per process (a
+// program that calls fit() again continues from its own state).
+std::atomic<bool> active{false};
+std::atomic<bool> restored{false};
+
+}  // namespace
 
 std::unique_ptr<MemorySnapshots> MemorySnapshots::from_environment(std::optional<int64_t> every) {
   DTRAIN_CHECK(!every || *every >= 0, "BackupAndRestore: snapshot_every must be >= 0, got ",
@@ -30,7 +40,7 @@ std::unique_ptr<MemorySnapshots> MemorySnapshots::from_environment(std::optional
     }
     every = n;
   }
-  if (*every == 0) return nullptr;
+  if (*every == 0 || active.exchange(true)) return nullptr;
   return std::make_unique<MemorySnapshots>(dir, *every);
 }
 
@@ -42,6 +52,7 @@ MemorySnapshots::~MemorySnapshots() {
     end();
   } catch (...) {
   }
+  active = false;
 }
 
 void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Trackable>> children) {
@@ -62,7 +73,7 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
 
 std::optional<std::string> MemorySnapshots::restore_agreed(checkpoint::Checkpoint& ckpt) {
   const char* path = std::getenv(kEnvSnapshotRestore);
-  if (path == nullptr || *path == '\0') return std::nullopt;
+  if (path == nullptr || *path == '\0' || restored.exchange(true)) return std::nullopt;
   const char* source = std::getenv(kEnvSnapshotSource);
   try {
     ckpt.restore(path).assert_existing_objects_matched();

@@ -34,8 +34,9 @@ inline constexpr const char* kEnvSnapshotSource = "DTRAIN_SNAPSHOT_SOURCE";
 
 class MemorySnapshots {
  public:
-  // From the launcher's environment: nullptr when no launcher keeps snapshots, or the schedule
-  // (`every`, else DTRAIN_SNAPSHOT_EVERY) is 0. Throws InvalidArgumentError for a malformed
+  // From the launcher's environment: nullptr when no launcher keeps snapshots, the schedule
+  // (`every`, else DTRAIN_SNAPSHOT_EVERY) is 0, or another MemorySnapshots of this process
+  // holds the directory. Throws InvalidArgumentError for a malformed
   // DTRAIN_SNAPSHOT_EVERY or a negative `every`.
   static std::unique_ptr<MemorySnapshots> from_environment(std::optional<int64_t> every);
   MemorySnapshots(std::string dir, int64_t every);
@@ -45,7 +46,8 @@ class MemorySnapshots {
   // keeps the newest 6 snapshots in the directory.
   void begin(std::vector<std::pair<std::string, checkpoint::Trackable>> children);
   // Restores the agreed snapshot (DTRAIN_SNAPSHOT_RESTORE) into `ckpt` and returns its prefix;
-  // nullopt when there is none (the backups on disk are next). Throws DataLossError naming the
+  // nullopt when there is none (the backups on disk are next), or when this process restored
+  // it already (a second fit() continues from its own state). Throws DataLossError naming the
   // snapshot when it cannot be restored (never falls back silently: the other workers resume
   // from the same step).
   std::optional<std::string> restore_agreed(checkpoint::Checkpoint& ckpt);

@@ -288,5 +288,15 @@ TEST_F(LaunchSnapshots, KillsDuringSnapshotPushesNeverMixStates) {
   EXPECT_GE(check_memory_restores(all), 2);
 }
 
+// A bad schedule is a usage error naming the flag, before anything starts.
+TEST(LaunchSnapshotFlags, ANegativeScheduleIsAUsageError) {
+  const std::string dir = make_temp_dir();
+  Process p = spawn({kDtrain, "launch", "--snapshot-every", "-1", "--", "true"}, {}, dir + "/log");
+  EXPECT_EQ(wait_for(p, Clock::now() + std::chrono::seconds(30)), 2);
+  EXPECT_NE(read_file(dir + "/log").find("--snapshot-every"), std::string::npos)
+      << read_file(dir + "/log");
+  std::system(("rm -rf " + dir).c_str());
+}
+
 }  // namespace
 }  // namespace dtrain::testing

@@ -38,8 +38,9 @@ run() {
   wait "$launcher"
   end=$(date +%s.%N)
   local acc lost
-  acc=$(grep -oE 'test_accuracy: [0-9.]+' "$dir/log" | tail -1 | awk '{ print $2 }')
-  lost=$(grep -o '"lost_steps":[0-9]*' "$dir/events.jsonl" | cut -d: -f2 | awk '{ s += $1 } END { print s + 0 }')
+  acc=$({ grep -oE 'test_accuracy: [0-9.]+' "$dir/log" || true; } | tail -1 | awk '{ print $2 }')
+  lost=$({ grep -o '"lost_steps":[0-9]*' "$dir/events.jsonl" || true; } | cut -d: -f2 |
+    awk '{ s += $1 } END { print s + 0 }')
   echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost"
 }
 

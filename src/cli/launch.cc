@@ -104,6 +104,13 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
                   "Append every failure, restart and recovery to this JSON-lines file");
   cmd->add_option("--logdir", options.logdir,
                   "TensorBoard directory: the launcher writes its events to LOGDIR/launcher");
+  cmd->add_option("--snapshot-every", options.snapshot_every,
+                  "Workers that fit with backups also snapshot their state into this launcher's "
+                  "memory every this many steps (replicated to a neighbour node); a restart "
+                  "resumes from there before any disk read (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--snapshot-root", options.snapshot_root,
+                  "Directory for the snapshots' tmpfs directory (default /dev/shm)");
   CLI::Option* ps =
       cmd->add_option("--ps", ps_servers,
                       "Start a ParameterServerStrategy job instead: this many `dtrain ps` "

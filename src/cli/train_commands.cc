@@ -60,6 +60,7 @@ struct TrainFlags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool async_checkpoint = false;
+  std::optional<int64_t> snapshot_every;  // nullopt: the launcher's --snapshot-every
   bool resume = false;
   std::string strategy = "one";
   int replicas = 0;
@@ -459,6 +460,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       ->check(int_at_least(1));
   fit->add_flag("--async-checkpoint", train_flags.async_checkpoint,
                 "Write checkpoints on background threads (the step only copies the state)");
+  fit->add_option("--snapshot-every", train_flags.snapshot_every,
+                  "Under dtrain launch: snapshot the state into the launcher's memory every N "
+                  "steps besides the checkpoints (default: launch's --snapshot-every; 0: none)")
+      ->check(CLI::NonNegativeNumber);
   fit->add_flag("--resume", train_flags.resume,
                 "Resume exactly from the newest valid checkpoint in --checkpoint-dir");
   fit->add_option("--strategy", train_flags.strategy,
@@ -556,7 +561,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                                            .delete_checkpoint = false,
                                            .max_to_keep = 3,
                                            .enable_async = train_flags.async_checkpoint,
-                                           .restore = train_flags.resume}));
+                                           .restore = train_flags.resume,
+                                           .snapshot_every = train_flags.snapshot_every}));
       }
       if ((train_flags.validate || lm) && d.test.x.defined()) {
         opts.validation_data = train::ValidationData(std::make_pair(d.test.x, d.test.y));

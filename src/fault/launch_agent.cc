@@ -18,6 +18,7 @@
 #include "fault/generation_supervisor.h"
 #include "fault/launch_events.h"
 #include "fault/launch_rendezvous.h"
+#include "fault/snapshots.h"
 #include "fault/worker_group.h"
 #include "fault/worker_process.h"
 
@@ -51,6 +52,7 @@ class Agent {
   SignalRelay signals_;
   ExclusionPolicy exclusion_;
   RecoveryTracker recovery_;
+  std::unique_ptr<SnapshotKeeper> snapshots_;  // --snapshot-every > 0 with a coordination service
 };
 
 Agent::Agent(const LaunchOptions& o)
@@ -60,7 +62,16 @@ Agent::Agent(const LaunchOptions& o)
           .logdir = o_.logdir.empty() ? std::string() : o_.logdir + "/launcher"}),
       rendezvous_(o_),
       exclusion_(o_.nproc_per_node, multi_node(), o_.exclude_after, o_.exclude_window_s),
-      recovery_(recorder_) {}
+      recovery_(recorder_) {
+  if (o_.snapshot_every > 0 && rendezvous_.connected()) {
+    snapshots_ = std::make_unique<SnapshotKeeper>(
+        SnapshotKeeperOptions{.every = o_.snapshot_every,
+                              .root = o_.snapshot_root,
+                              .run_id = o_.run_id,
+                              .node = o_.node_rank,
+                              .host = snapshot_agent_host(rendezvous_.service())});
+  }
+}
 
 int Agent::run() {
   const LauncherParts parts{.options = o_,
@@ -74,6 +85,7 @@ int Agent::run() {
     const std::optional<Generation> g = next_generation(previous);
     if (!g) return recovery_.pending_failure_code().value_or(1);
     announce(*g, previous.has_value());
+    if (snapshots_) snapshots_->prepare(*g, rendezvous_.client(), recorder_, previous.has_value());
     WorkerGroup group;
     group.start(o_.command, g->slots, g->rank_offset,
                 [&](const Worker& w) { return worker_environment(*g, w); });
@@ -144,7 +156,13 @@ std::vector<std::string> Agent::worker_environment(const Generation& g, const Wo
   set.push_back(str_cat(kEnvHeartbeatTimeout, "=", o_.heartbeat_timeout_s));
   set.push_back(str_cat(kEnvProgressInterval, "=", progress_interval));
   set.push_back(str_cat("DTRAIN_PREEMPTION_EXIT_CODE=", o_.preemption_exit_code));
-  return environment_with({dist::kEnvMasterAddr, dist::kEnvMasterPort}, set);
+  if (snapshots_) {
+    for (std::string& v : snapshots_->environment(w.rank)) set.push_back(std::move(v));
+  }
+  return environment_with(
+      {dist::kEnvMasterAddr, dist::kEnvMasterPort, "DTRAIN_SNAPSHOT_DIR", "DTRAIN_SNAPSHOT_RESTORE",
+       "DTRAIN_SNAPSHOT_SOURCE", "DTRAIN_SNAPSHOT_EVERY"},
+      set);
 }
 
 int Agent::completed(const Generation& g, const Outcome& out) {

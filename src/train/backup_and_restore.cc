@@ -16,6 +16,7 @@
 #include "dtrain/train/preemption.h"
 #include "dtrain/train/training.h"
 #include "fit_loop.h"
+#include "memory_snapshots.h"
 #include "training_state.h"
 
 namespace dtrain::train {
@@ -36,6 +37,7 @@ struct BackupAndRestore::State {
   std::unique_ptr<checkpoint::Checkpoint> ckpt;
   std::unique_ptr<checkpoint::CheckpointManager> manager;  // the chief's only
   bool writer = true;
+  std::vector<std::pair<std::string, checkpoint::Trackable>> children;  // what ckpt tracks
 };
 
 namespace {
@@ -99,6 +101,7 @@ void BackupAndRestore::attach() {
                                     [&st](const Tensor& t) { st.metric_state.copy_from(t); })},
   };
   if (!rngs.empty()) children.emplace_back("dropout_rngs", checkpoint::Trackable::object(rngs));
+  st.children = children;
   st.ckpt = std::make_unique<checkpoint::Checkpoint>(
       std::move(children), checkpoint::CheckpointOptions{.enable_async = options_.enable_async});
   // Under a multi-worker strategy the variables are mirrored, so only the chief writes (and
@@ -156,7 +159,10 @@ void BackupAndRestore::on_train_begin(const Logs&) {
   install_preemption_handler();
   steps_since_backup_ = 0;
   restored_from_.reset();
-  if (options_.restore) {
+  snapshots_ = MemorySnapshots::from_environment(options_.snapshot_every);
+  if (snapshots_) snapshots_->begin(state_->children);
+  if (options_.restore && snapshots_) restored_from_ = snapshots_->restore_agreed(*state_->ckpt);
+  if (options_.restore && !restored_from_) {
     if (state_->writer) {
       restored_from_ = state_->manager->restore_or_initialize();
     } else if (auto status = checkpoint::restore_newest_checkpoint(*state_->ckpt, dir_, "backup")) {
@@ -203,6 +209,17 @@ void BackupAndRestore::backup() {
       return;
     }
   }
+  capture();
+  const auto start = std::chrono::steady_clock::now();
+  st.manager->save();
+  ts.loop->set_checkpoint_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  steps_since_backup_ = 0;
+}
+
+void BackupAndRestore::capture() {
+  State& st = *state_;
+  TrainingState& ts = state_of(*model(), "BackupAndRestore");
   const FitPosition& at = ts.loop->position();
   st.epoch = at.epoch;
   st.step = at.step_in_epoch;
@@ -216,11 +233,6 @@ void BackupAndRestore::backup() {
     ms[2 * i] = total;
     ms[2 * i + 1] = count;
   }
-  const auto start = std::chrono::steady_clock::now();
-  st.manager->save();
-  ts.loop->set_checkpoint_seconds(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  steps_since_backup_ = 0;
 }
 
 void BackupAndRestore::on_preemption(int64_t, int64_t) {
@@ -249,6 +261,7 @@ bool BackupAndRestore::restore_last_good() {
 
 void BackupAndRestore::on_train_batch_end(int64_t, const Logs&) {
   if (options_.save_freq > 0 && ++steps_since_backup_ >= options_.save_freq) backup();
+  if (snapshots_) snapshots_->after_step(*this, state_of(*model(), "BackupAndRestore"));
 }
 
 void BackupAndRestore::on_epoch_end(int64_t, const Logs&) {
@@ -257,6 +270,8 @@ void BackupAndRestore::on_epoch_end(int64_t, const Logs&) {
 
 void BackupAndRestore::on_train_end(const Logs&) {
   if (!state_) return;
+  if (snapshots_) snapshots_->end();
+  snapshots_.reset();
   if (!state_->writer) {
     state_.reset();
     return;

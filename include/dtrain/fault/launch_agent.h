@@ -37,6 +37,9 @@ struct LaunchOptions {
   int preemption_exit_code = 143;    // a worker's exit code that means preempted: no restart
   std::string event_log = "";        // JSON lines of fault events; empty: none
   std::string logdir = "";           // TensorBoard: events go to <logdir>/launcher; empty: none
+  int64_t snapshot_every = 10;       // workers' in-memory snapshots every this many steps, kept
+                                     // here and by a ring neighbour; 0: none (--snapshot-every)
+  std::string snapshot_root = "";    // where the snapshots' tmpfs directory goes; empty: /dev/shm
   std::vector<std::string> command;  // the worker's command line (run through PATH)
 };
 

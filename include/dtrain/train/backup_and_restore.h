@@ -29,7 +29,15 @@ struct BackupAndRestoreOptions {
   int max_to_keep = 2;            // backups kept (older ones are deleted after a newer commits)
   bool enable_async = false;      // write backups on a background thread (snapshot first)
   bool restore = true;            // resume from the newest backup when fit() starts
+  // In-memory snapshots under `dtrain launch` (docs/fault-tolerance.md, "State from memory"):
+  // every this many steps the same state goes to the launcher's memory (tmpfs it owns, off the
+  // training thread), and a restarted fit() resumes from the snapshot the launchers agreed on
+  // before reading any backup. nullopt: the launcher's --snapshot-every (DTRAIN_SNAPSHOT_EVERY);
+  // 0: none. Without a launcher that keeps snapshots, none are taken.
+  std::optional<int64_t> snapshot_every = std::nullopt;
 };
+
+class MemorySnapshots;
 
 class BackupAndRestore : public Callback {
  public:
@@ -54,13 +62,17 @@ class BackupAndRestore : public Callback {
 
  private:
   struct State;
+  friend class MemorySnapshots;
   void attach();
+  // Copies the loop's position, Dropout RNGs and metric sums into the tracked plain values.
+  void capture();
 
   std::string dir_;
   BackupAndRestoreOptions options_;
   std::unique_ptr<State> state_;
   std::optional<std::string> restored_from_;
   int64_t steps_since_backup_ = 0;
+  std::unique_ptr<MemorySnapshots> snapshots_;  // under a launcher that keeps snapshots
 };
 
 }  // namespace dtrain::train

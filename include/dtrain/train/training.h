@@ -94,6 +94,11 @@ struct FitOptions {
   // (BackupAndRestoreOptions::enable_async), so that frequent backups cost the training loop
   // a memory copy instead of a synchronous write.
   bool async_checkpoints = false;
+  // With save_checkpoints under `dtrain launch`: an in-memory snapshot of the same state every
+  // this many steps, held by the launchers (and a ring neighbour's), restored after a failure
+  // before any backup is read (BackupAndRestoreOptions::snapshot_every). nullopt: the
+  // launcher's --snapshot-every; 0: none.
+  std::optional<int64_t> snapshot_every = std::nullopt;
   // Write TensorBoard event files (loss, metrics, learning rate, steps/s) under this directory
   // (the TensorBoard callback, chief only). Empty: none.
   std::string logdir = "";

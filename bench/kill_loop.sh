@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Goodput under repeated failures (issue 15): the 2-worker MultiWorkerMirrored Fashion-MNIST MLP
+# (batch 64, backups every 50 steps) under `dtrain launch --max-restarts 100`, one random worker
+# SIGKILLed every P seconds, side by side: today's disk path (--snapshot-every 0: each restart
+# reads the newest backup) and the memory path (--snapshot-every S: each restart takes the
+# snapshot its launcher holds). Goodput = uninterrupted wall time / wall time with kills.
+# Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10]   (after scripts/build.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+epochs="${1:-5}"
+period="${2:-1.5}"
+every="${3:-10}"
+dtrain="$(pwd)/${BUILD_DIR:-build}/dtrain"
+[[ -x "$dtrain" ]] || { echo "missing $dtrain: run scripts/build.sh first" >&2; exit 1; }
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# run NAME SNAPSHOT_EVERY KILL(0|1): prints "seconds kills accuracy lost_steps"
+run() {
+  local name=$1 snap=$2 kills_on=$3 dir="$tmp/$1"
+  mkdir -p "$dir"
+  local start end
+  start=$(date +%s.%N)
+  "$dtrain" launch --nproc-per-node 2 --max-restarts 100 --grace-period 1 \
+    --snapshot-every "$snap" --event-log "$dir/events.jsonl" -- \
+    "$dtrain" fit --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 \
+    --verbose 2 --checkpoint-dir "$dir/ckpt" --checkpoint-every 50 --resume > "$dir/log" 2>&1 &
+  local launcher=$! kills=0
+  if [[ $kills_on == 1 ]]; then
+    while kill -0 "$launcher" 2> /dev/null; do
+      sleep "$period"
+      mapfile -t workers < <(pgrep -P "$launcher" || true)
+      ((${#workers[@]} > 0)) || continue
+      kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
+    done
+  fi
+  wait "$launcher"
+  end=$(date +%s.%N)
+  local acc lost
+  acc=$({ grep -oE 'test_accuracy: [0-9.]+' "$dir/log" || true; } | tail -1 | awk '{ print $2 }')
+  lost=$({ grep -o '"lost_steps":[0-9]*' "$dir/events.jsonl" || true; } | cut -d: -f2 |
+    awk '{ s += $1 } END { print s + 0 }')
+  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost"
+}
+
+read -r t0 _ a0 _ < <(run clean 0 0)
+read -r td kd ad ld < <(run disk 0 1)
+read -r tm km am lm < <(run memory "$every" 1)
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s"
+printf '%-34s %8s %6s %9s %9s %10s %9s\n' mode wall_s kills goodput s/failure lost_steps accuracy
+printf '%-34s %8.2f %6s %9s %9s %10s %9s\n' "uninterrupted" "$t0" 0 "100.0%" - - "$a0"
+for row in "disk (today, backups every 50)|$td|$kd|$ld|$ad" "memory (snapshots every $every)|$tm|$km|$lm|$am"; do
+  IFS='|' read -r name t k l a <<< "$row"
+  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %9s\n' "$name" "$t" "$k" \
+    "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" "$a"
+done

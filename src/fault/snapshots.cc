@@ -1,0 +1,431 @@
+// The launcher's in-memory snapshots (snapshots.h): the directory the workers write into, the
+// replication to the ring neighbour, and the agreement on the step to resume from.
+#include "fault/snapshots.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
+#include "fault/launch_events.h"
+#include "fault/launch_util.h"
+#include "fault/worker_process.h"
+
+namespace dtrain::fault {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kDirPrefix = "dtrain-snapshots-";
+constexpr const char* kFetched = "fetched";
+const std::chrono::milliseconds kPushTimeout = std::chrono::seconds(10);
+const std::chrono::milliseconds kPublishTimeout = std::chrono::seconds(60);
+
+std::string rank_key(int world_size, int rank) { return str_cat("w", world_size, "-r", rank); }
+
+// Removes the snapshot directories of agents that are gone (a launcher killed with SIGKILL
+// cannot remove its own): ".../dtrain-snapshots-<run>-n<node>-p<pid>" whose pid is not alive.
+void remove_dead_agents_directories(const fs::path& base) {
+  static const std::regex name(std::string(kDirPrefix) + R"(.*-p(\d+))");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(base, ec)) {
+    std::smatch m;
+    const std::string n = e.path().filename().string();
+    if (!std::regex_match(n, m, name)) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(m[1].str()));
+    if (::kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+
+// The file names of snapshot `step` in a rank directory: "snap-<step>.index" and its data
+// shards (temporary files of a writer are not).
+bool snapshot_file(const std::string& file, int64_t step) {
+  const std::string prefix = str_cat("snap-", step, ".");
+  if (file.rfind(prefix, 0) != 0) return false;
+  static const std::regex suffix(R"(index|data-\d{5}-of-\d{5})");
+  return std::regex_match(file.substr(prefix.size()), suffix);
+}
+
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  timespec mtime{};
+  bool operator==(const FileId& o) const {
+    return dev == o.dev && ino == o.ino && size == o.size && mtime.tv_sec == o.mtime.tv_sec &&
+           mtime.tv_nsec == o.mtime.tv_nsec;
+  }
+};
+
+std::optional<FileId> file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino, st.st_size, st.st_mtim};
+}
+
+void write_snapshot(const fs::path& dir, int64_t step, const SnapshotFiles& files) {
+  fs::create_directories(dir);
+  for (const auto& [suffix, bytes] : files) {
+    DTRAIN_CHECK(suffix.find('/') == std::string::npos && !suffix.empty(),
+                 "snapshots: bad file name '", suffix, "' for step ", step);
+    write_file_atomically((dir / str_cat("snap-", step, suffix)).string(), bytes,
+                          AtomicFileOptions{.sync = false});
+  }
+}
+
+}  // namespace
+
+std::string snapshot_agent_host(const std::string& service) {
+  if (const char* host = std::getenv("DTRAIN_HOST"); host && *host) return host;
+  const size_t colon = service.rfind(':');
+  const std::string host = colon == std::string::npos ? service : service.substr(0, colon);
+  if (host.empty() || host == "localhost" || host.rfind("127.", 0) == 0) return "127.0.0.1";
+  // The address of this machine that routes to the coordination service's host.
+  in_addr peer{};
+  if (::inet_pton(AF_INET, host.c_str(), &peer) != 1) return host;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(9);
+  a.sin_addr = peer;
+  std::string out = "127.0.0.1";
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    socklen_t len = sizeof a;
+    char buf[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
+        ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf) != nullptr) {
+      out = buf;
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+SnapshotKeeper::SnapshotKeeper(SnapshotKeeperOptions options) : o_(std::move(options)) {
+  fs::path base = o_.root;
+  if (base.empty()) {
+    std::error_code ec;
+    base = fs::is_directory("/dev/shm", ec) ? fs::path("/dev/shm") : fs::temp_directory_path();
+  }
+  fs::create_directories(base);
+  remove_dead_agents_directories(base);
+  dir_ = (base / str_cat(kDirPrefix, o_.run_id, "-n", o_.node, "-p", ::getpid())).string();
+  fs::remove_all(dir_);
+  fs::create_directories(dir_);
+  server_ = std::make_unique<SnapshotServer>(
+      "",
+      [this](const std::string& key, int64_t step, SnapshotFiles files) {
+        store_peer(key, step, std::move(files));
+      },
+      [this](const std::string& key, int64_t step) { return find(key, step); });
+  address_ = str_cat(o_.host, ":", server_->port());
+  replicator_ = std::thread([this] { replicate(); });
+}
+
+SnapshotKeeper::~SnapshotKeeper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (replicator_.joinable()) replicator_.join();
+  server_.reset();
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+std::vector<int64_t> SnapshotKeeper::local_steps(const std::string& key) const {
+  std::vector<int64_t> out;
+  std::ifstream state(fs::path(dir_) / key / "checkpoint");
+  static const std::regex line(R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?snap-(\d+)"\s*)re");
+  std::string text;
+  while (std::getline(state, text)) {
+    std::smatch m;
+    if (std::regex_match(text, m, line)) out.push_back(std::stoll(m[1].str()));
+  }
+  return out;
+}
+
+std::optional<SnapshotFiles> SnapshotKeeper::read_local(const std::string& key,
+                                                        int64_t step) const {
+  const fs::path dir = fs::path(dir_) / key;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (snapshot_file(n, step)) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  if (names.size() < 2) return std::nullopt;  // an index and at least one data shard
+  SnapshotFiles files;
+  for (const std::string& n : names) {
+    // The worker's manager only ever deletes snapshot files (it never rewrites one while it is
+    // listed), and an unlinked file stays whole for a reader; the identity check catches a
+    // snapshot of the same step written again after a rollback while this read.
+    const std::string path = (dir / n).string();
+    const std::optional<FileId> before = file_id(path);
+    if (!before) return std::nullopt;
+    std::string bytes;
+    try {
+      bytes = read_file(path);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+    if (file_id(path) != before || static_cast<off_t>(bytes.size()) != before->size) {
+      return std::nullopt;
+    }
+    files.emplace_back(n.substr(str_cat("snap-", step).size()), std::move(bytes));
+  }
+  return files;
+}
+
+void SnapshotKeeper::store_peer(const std::string& key, int64_t step, SnapshotFiles files) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& held = peer_[key];
+  held[step] = std::move(files);
+  while (static_cast<int>(held.size()) > o_.keep_per_rank) held.erase(held.begin());
+}
+
+std::optional<SnapshotFiles> SnapshotKeeper::find(const std::string& key, int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = peer_.find(key); it != peer_.end()) {
+      if (auto s = it->second.find(step); s != it->second.end()) return s->second;
+    }
+  }
+  const std::vector<int64_t> local = local_steps(key);
+  if (std::find(local.begin(), local.end(), step) == local.end()) return std::nullopt;
+  return read_local(key, step);
+}
+
+SnapshotKeeper::Held SnapshotKeeper::holdings() {
+  Held h{.address = address_, .steps = {}};
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string key = e.path().filename().string();
+    if (key == kFetched || !e.is_directory()) continue;
+    for (int64_t s : local_steps(key)) h.steps[key].push_back(s);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, held] : peer_) {
+    for (const auto& [s, files] : held) h.steps[key].push_back(s);
+  }
+  return h;
+}
+
+void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient& client,
+                             FaultRecorder& recorder, bool restart) {
+  // Nothing can be held before this launcher's first generation, except by the other agents of
+  // a job this launcher joins late (a node started again after it was lost).
+  restore_.clear();
+  source_.clear();
+  world_size_ = g.world_size;
+  std::error_code ec;
+  fs::remove_all(fs::path(dir_) / kFetched, ec);
+
+  // 1. What every member holds (this agent's own workers' snapshots and its neighbour's).
+  const auto key_of = [&](int node) {
+    return str_cat("dtrain/", o_.run_id, "/snapshots/g", g.number, "/n", node);
+  };
+  const Held mine = holdings();
+  nlohmann::json j = {{"address", mine.address}, {"steps", mine.steps}};
+  client.set(key_of(o_.node), j.dump());
+  std::map<int, Held> all;
+  for (int node : g.nodes) {
+    if (node == o_.node) {
+      all[node] = mine;
+      continue;
+    }
+    try {
+      const nlohmann::json other = nlohmann::json::parse(client.get(key_of(node), kPublishTimeout));
+      all[node] =
+          Held{.address = other.at("address").get<std::string>(),
+               .steps = other.at("steps").get<std::map<std::string, std::vector<int64_t>>>()};
+    } catch (const std::exception& e) {
+      // Every member publishes before it waits, so this is a node lost meanwhile: its workers
+      // will not start, and the generation fails again.
+      say("snapshots: no holdings from node ", node, ": ", e.what());
+      all[node] = Held{};
+    }
+  }
+
+  // 2. The ring neighbour this node's snapshots go to from now on.
+  const auto at = std::find(g.nodes.begin(), g.nodes.end(), o_.node);
+  std::string neighbour;
+  if (g.nodes.size() > 1 && at != g.nodes.end()) {
+    const int next = *(std::next(at) == g.nodes.end() ? g.nodes.begin() : std::next(at));
+    neighbour = all[next].address;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (neighbour != neighbour_) pushed_.clear();
+    neighbour_ = neighbour;
+  }
+  cv_.notify_all();
+
+  // 3. The newest step that every rank of the new world holds somewhere (the same answer on
+  // every member: the same inputs, the same rule).
+  const auto holders = [&](const std::string& key, int64_t step) {
+    std::vector<int> out;
+    for (const auto& [node, held] : all) {
+      auto it = held.steps.find(key);
+      if (it != held.steps.end() &&
+          std::find(it->second.begin(), it->second.end(), step) != it->second.end()) {
+        out.push_back(node);
+      }
+    }
+    return out;
+  };
+  std::set<int64_t> candidates;
+  for (const auto& [node, held] : all) {
+    if (auto it = held.steps.find(rank_key(g.world_size, 0)); it != held.steps.end()) {
+      candidates.insert(it->second.begin(), it->second.end());
+    }
+  }
+  std::optional<int64_t> agreed;
+  for (auto it = candidates.rbegin(); it != candidates.rend() && !agreed; ++it) {
+    bool complete = true;
+    for (int r = 0; r < g.world_size && complete; ++r) {
+      complete = !holders(rank_key(g.world_size, r), *it).empty();
+    }
+    if (complete) agreed = *it;
+  }
+  if (!agreed) {
+    if (restart) {
+      FaultEvent e = event_of(kEventSnapshotRestore, g.number);
+      e.node = o_.node;
+      e.extra["source"] = "disk";
+      e.message = str_cat("no complete in-memory snapshot set for ", g.world_size,
+                          " workers; the workers restore from their backups on disk");
+      say(e.message);
+      recorder.record(e);
+    }
+    return;
+  }
+
+  // 4. This node's workers' copies: local, else fetched from a member that holds one.
+  for (size_t i = 0; i < g.slots.size(); ++i) {
+    const int rank = g.rank_offset + static_cast<int>(i);
+    const std::string key = rank_key(g.world_size, rank);
+    const std::vector<int64_t> local = local_steps(key);
+    std::string prefix, source, kind;
+    std::optional<int> from_node;
+    if (std::find(local.begin(), local.end(), *agreed) != local.end()) {
+      prefix = (fs::path(dir_) / key / str_cat("snap-", *agreed)).string();
+      source = str_cat("local memory (node ", o_.node, ")");
+      kind = "local_memory";
+    } else {
+      const fs::path fetched = fs::path(dir_) / kFetched / key;
+      std::optional<SnapshotFiles> files;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto it = peer_.find(key); it != peer_.end()) {
+          if (auto s = it->second.find(*agreed); s != it->second.end()) files = s->second;
+        }
+      }
+      if (files) {
+        source = str_cat("local memory (node ", o_.node, ", a replica)");
+        kind = "local_memory";
+      }
+      for (int node : holders(key, *agreed)) {
+        if (files) break;
+        if (node == o_.node) continue;
+        try {
+          files = get_snapshot(all[node].address, key, *agreed, kPushTimeout);
+        } catch (const Error& e) {
+          say("snapshots: ", e.what());
+        }
+        if (files) {
+          source = str_cat("peer memory (node ", node, ")");
+          kind = "peer_memory";
+          from_node = node;
+        }
+      }
+      if (!files) {
+        throw UnavailableError(str_cat("snapshots: no member could deliver rank ", rank,
+                                       "'s snapshot of step ", *agreed));
+      }
+      write_snapshot(fetched, *agreed, *files);
+      prefix = (fetched / str_cat("snap-", *agreed)).string();
+    }
+    restore_[rank] = prefix;
+    source_[rank] = source;
+    // Also in a launcher's first generation: a launcher started again for a lost node joins a
+    // running job, and its workers resume from what the other agents hold.
+    FaultEvent e = event_of(kEventSnapshotRestore, g.number);
+    e.rank = rank;
+    e.node = o_.node;
+    e.resumed_step = *agreed;
+    e.checkpoint = fs::path(prefix).filename().string();
+    e.extra["source"] = kind;
+    if (from_node) e.extra["from_node"] = std::to_string(*from_node);
+    e.message = str_cat("rank ", rank, ": restored step ", *agreed, " from ", source);
+    say(e.message);
+    recorder.record(e);
+  }
+}
+
+std::vector<std::string> SnapshotKeeper::environment(int rank) const {
+  // The world size is part of the directory: a snapshot is only ever restored into a world of
+  // the size that took it.
+  std::vector<std::string> out;
+  out.push_back(
+      str_cat("DTRAIN_SNAPSHOT_DIR=", (fs::path(dir_) / rank_key(world_size_, rank)).string()));
+  const auto it = restore_.find(rank);
+  if (it != restore_.end()) {
+    out.push_back(str_cat("DTRAIN_SNAPSHOT_RESTORE=", it->second));
+    out.push_back(str_cat("DTRAIN_SNAPSHOT_SOURCE=", source_.at(rank)));
+  }
+  out.push_back(str_cat("DTRAIN_SNAPSHOT_EVERY=", o_.every));
+  return out;
+}
+
+void SnapshotKeeper::replicate() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    if (stop_ || neighbour_.empty()) continue;
+    const std::string neighbour = neighbour_;
+    lock.unlock();
+    bool failed = false;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      const std::string key = e.path().filename().string();
+      if (key == kFetched || !e.is_directory()) continue;
+      const std::vector<int64_t> steps = local_steps(key);
+      if (steps.empty()) continue;
+      const int64_t newest = *std::max_element(steps.begin(), steps.end());
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        if (auto p = pushed_.find(key); p != pushed_.end() && p->second == newest) continue;
+      }
+      const std::optional<SnapshotFiles> files = read_local(key, newest);
+      if (!files) continue;  // dropped or rewritten meanwhile: the next pass sees the newer one
+      try {
+        put_snapshot(neighbour, key, newest, *files, kPushTimeout);
+        std::lock_guard<std::mutex> guard(mu_);
+        if (neighbour_ == neighbour) pushed_[key] = newest;
+      } catch (const Error&) {
+        failed = true;  // the neighbour is gone or restarting: the next generation names one
+      }
+    }
+    lock.lock();
+    if (failed) cv_.wait_for(lock, std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace dtrain::fault

@@ -133,6 +133,10 @@ int main(int argc, char** argv) {
     std::printf("epoch_%zu_cpu_seconds %.4f\n", i + 1, epoch_cpu_seconds[i]);
   }
   std::printf("epoch_seconds_median %.4f\n", steady[steady.size() / 2]);
+  std::vector<double> steady_cpu(epoch_cpu_seconds.begin() + (epoch_cpu_seconds.size() > 1 ? 1 : 0),
+                                 epoch_cpu_seconds.end());
+  std::sort(steady_cpu.begin(), steady_cpu.end());
+  std::printf("epoch_cpu_seconds_median %.4f\n", steady_cpu[steady_cpu.size() / 2]);
   std::printf("evaluate_seconds %.4f\n", eval_seconds);
   std::printf("test_accuracy %.4f\n", test.at("accuracy"));
   std::printf("train_loss_last_epoch %.4f\n", h.last("loss"));

@@ -2,17 +2,25 @@
 (PyTorch 1.13 on CPU runs its convolutions through oneDNN.)
 
 Run with Debian's interpreter, which has python3-torch:
-  /usr/bin/python3 bench/torch_cnn_epoch.py [epochs] [threads] [flush_denormal] [seed]
+  /usr/bin/python3 bench/torch_cnn_epoch.py [epochs] [threads] [flush_denormal] [seed] [world]
 flush_denormal 1 runs with torch.set_flush_denormal(True) (FTZ|DAZ, as dtrain by default);
-0 (the default) is PyTorch's default. Prints the same "key value" lines as the dtrain program.
+0 (the default) is PyTorch's default. world > 1 trains with DistributedDataParallel (gloo on
+loopback), `world` processes of `threads` threads, the global batch of 64 split as in
+bench/torch_ddp_epoch.py (the same permutation on every rank, each global batch strided by rank).
+Prints the same "key value" lines as the dtrain program (from rank 0; peak RSS is the largest
+rank's).
 """
 import gzip
+import os
 import resource
+import socket
 import sys
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 DIR = "/usr/share/datasets/fashion-mnist"
@@ -23,14 +31,15 @@ def idx(path, offset):
         return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
 
 
-def main():
-    epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    threads = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-    flush = len(sys.argv) > 3 and sys.argv[3] == "1"
+def train(rank, world, epochs, threads, flush, seed, port):
     torch.set_num_threads(threads)
     if flush and not torch.set_flush_denormal(True):
         sys.exit("torch.set_flush_denormal(True): not supported on this CPU")
-    torch.manual_seed(int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    if world > 1:
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(seed)
     x_train = torch.from_numpy((idx(f"{DIR}/train-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28) / 255.0).astype(np.float32))
     y_train = torch.from_numpy(idx(f"{DIR}/train-labels-idx1-ubyte.gz", 8).astype(np.int64))
     x_test = torch.from_numpy((idx(f"{DIR}/t10k-images-idx3-ubyte.gz", 16).reshape(-1, 1, 28, 28) / 255.0).astype(np.float32))
@@ -40,23 +49,39 @@ def main():
     model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3),
                           nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1600, 128),
                           nn.ReLU(), nn.Linear(128, 10))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, eps=1e-7)
     n, batch = x_train.shape[0], 64
-    times = []
-    for _ in range(epochs):
-        start = time.perf_counter()
-        perm = torch.randperm(n)
+    per = batch // world
+    times, cpu_times = [], []
+    for epoch in range(epochs):
+        if world > 1:
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+            dist.barrier()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        if world == 1:
+            perm = torch.randperm(n)
         total, seen = 0.0, 0
-        for i in range(0, n, batch):
-            idx_b = perm[i:i + batch]
+        last = n if world == 1 else n - batch + 1
+        for i in range(0, last, batch):
+            idx_b = perm[i:i + batch] if world == 1 else perm[i + rank * per:i + (rank + 1) * per]
             xb, yb = x_train[idx_b], y_train[idx_b]
-            loss = F.cross_entropy(model(xb), yb)
+            loss = F.cross_entropy(net(xb), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             total += loss.item() * xb.shape[0]
             seen += xb.shape[0]
+        if world > 1:
+            dist.barrier()
         times.append(time.perf_counter() - start)
+        cpu_times.append(time.process_time() - cpu_start)
+    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+    if world > 1:
+        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    if rank != 0:
+        dist.destroy_process_group()
+        return
     start = time.perf_counter()
     correct = 0
     with torch.no_grad():
@@ -65,13 +90,35 @@ def main():
     eval_seconds = time.perf_counter() - start
     for i, t in enumerate(times):
         print(f"epoch_{i + 1}_seconds {t:.4f}")
+        print(f"epoch_{i + 1}_cpu_seconds {cpu_times[i]:.4f}")
     steady = sorted(times[1:] if len(times) > 1 else times)
+    steady_cpu = sorted(cpu_times[1:] if len(cpu_times) > 1 else cpu_times)
     print(f"flush_denormal {int(flush)}")
+    print(f"threads {threads}")
+    print(f"world {world}")
     print(f"epoch_seconds_median {steady[len(steady) // 2]:.4f}")
+    print(f"epoch_cpu_seconds_median {steady_cpu[len(steady_cpu) // 2]:.4f}")
     print(f"evaluate_seconds {eval_seconds:.4f}")
     print(f"test_accuracy {correct / x_test.shape[0]:.4f}")
     print(f"train_loss_last_epoch {total / seen:.4f}")
-    print(f"peak_rss_mib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0:.1f}")
+    print(f"peak_rss_mib {rss.item():.1f}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    threads = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    flush = len(sys.argv) > 3 and sys.argv[3] == "1"
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    world = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    if world == 1:
+        train(0, 1, epochs, threads, flush, seed, 0)
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(train, args=(world, epochs, threads, flush, seed, port), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

@@ -58,11 +58,43 @@ Tensor bias_grad(const Tensor& dz) {
   return db;
 }
 
+// ReLU's dz = dy ⊙ [y > 0] and the bias gradient Σ dz over rows in one pass over dz (the two
+// separate passes read it twice): the same sums in the same order as column_sum.
+Tensor relu_grad_and_bias_grad(const Node& n, Tensor g, Tensor* db) {
+  Tensor dz = writable(std::move(g));
+  const Tensor& y = n.saved[2];
+  const int64_t cols = y.dim(-1);
+  const int64_t rows = y.num_elements() / std::max<int64_t>(cols, 1);
+  *db = Tensor(Shape{cols});
+  float* sum = db->data<float>();
+  std::fill_n(sum, cols, 0.0f);
+  const float* py = y.data<float>();
+  float* pdz = dz.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = py + r * cols;
+    float* dr = pdz + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = yr[c] > 0.0f ? dr[c] : 0.0f;
+      dr[c] = v;
+      sum[c] += v;
+    }
+  }
+  return dz;
+}
+
 // y = act(conv2d(x, W) + b); saved x, W, y (y only when act is not linear); i[0] = act.
 void conv2d_backward(Tape& t, const Node& n, Tensor g) {
   const ops::Conv2DAttrs& a = conv_attrs(n);
   const Tensor& x = n.saved[0];
   const Tensor& w = n.saved[1];
+  if (static_cast<Activation>(n.i[0]) == Activation::kRelu && n.in[2] >= 0) {
+    Tensor db;
+    const Tensor dz = relu_grad_and_bias_grad(n, std::move(g), &db);
+    t.accumulate(n.in[2], std::move(db));
+    if (n.in[1] >= 0) t.accumulate(n.in[1], ops::conv2d_backward_filter(x, dz, w.shape(), a));
+    if (n.in[0] >= 0) t.accumulate(n.in[0], ops::conv2d_backward_input(dz, w, x.shape(), a));
+    return;
+  }
   const Tensor dz = activation_grad(n, std::move(g));
   if (n.in[2] >= 0) t.accumulate(n.in[2], bias_grad(dz));
   if (n.in[1] >= 0) t.accumulate(n.in[1], ops::conv2d_backward_filter(x, dz, w.shape(), a));

@@ -3,6 +3,8 @@
 #include "dtrain/ops/pooling.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <limits>
 
 #include "dtrain/core/error.h"
@@ -42,6 +44,71 @@ Window window(const PoolGeometry& g, int64_t oy, int64_t ox) {
   const int64_t y = oy * g.sh - g.pt, x = ox * g.sw - g.pl;
   return {std::max<int64_t>(y, 0), std::min(y + g.ph, g.h), std::max<int64_t>(x, 0),
           std::min(x + g.pw, g.w)};
+}
+
+// Max pooling's gradient when the windows tile the input without overlap (strides = pool size,
+// no padding before; the last windows may be clipped): every input position is in at most one
+// window, so dx is written once, without a zero-fill first. Per window and per block of
+// channels: the maximum m in row-major order exactly as the general scan finds it (a later value
+// replaces it only when strictly greater), then the gradient goes to the first position equal
+// to m, or to the first position when m is NaN — the general scan's choice. Vectorizes over
+// channels. Writes 0 + dy as the general path's += into zeros does (so −0 becomes +0).
+void max_pool_backward_tiled(const PoolGeometry& g, const float* px, const float* pdy, float* pdx) {
+  constexpr int64_t kBlock = 64;
+  // Per channel of the block: the window's maximum, and an all-ones mask while no position has
+  // taken the gradient yet (integer masks, so that the loops vectorize).
+  alignas(32) float m[kBlock];
+  alignas(32) uint32_t open[kBlock];
+  alignas(32) uint32_t grad[kBlock];
+  const int64_t row = g.w * g.c;
+  const int64_t covered_h = std::min(g.oh * g.sh, g.h), covered_w = std::min(g.ow * g.sw, g.w);
+  for (int64_t n = 0; n < g.n; ++n) {
+    const float* img = px + n * g.h * row;
+    float* dimg = pdx + n * g.h * row;
+    for (int64_t oy = 0; oy < g.oh; ++oy) {
+      for (int64_t ox = 0; ox < g.ow; ++ox) {
+        const Window win = window(g, oy, ox);
+        const float* gy = pdy + ((n * g.oh + oy) * g.ow + ox) * g.c;
+        for (int64_t c0 = 0; c0 < g.c; c0 += kBlock) {
+          const int64_t cb = std::min(kBlock, g.c - c0);
+          const float* first = img + (win.y0 * g.w + win.x0) * g.c + c0;
+          for (int64_t c = 0; c < cb; ++c) {
+            m[c] = first[c];
+            open[c] = ~0u;
+            grad[c] = std::bit_cast<uint32_t>(0.0f + gy[c0 + c]);
+          }
+          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+              const float* src = img + (iy * g.w + ix) * g.c + c0;
+              for (int64_t c = 0; c < cb; ++c) m[c] = src[c] > m[c] ? src[c] : m[c];
+            }
+          }
+          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+              const int64_t at = (iy * g.w + ix) * g.c + c0;
+              const float* src = img + at;
+              float* d = dimg + at;
+              for (int64_t c = 0; c < cb; ++c) {
+                const uint32_t hit = (src[c] == m[c] ? ~0u : 0u) & open[c];
+                open[c] &= ~hit;
+                d[c] = std::bit_cast<float>(grad[c] & hit);
+              }
+            }
+          }
+          // A NaN maximum equals nothing: the first position takes the gradient.
+          float* d = dimg + (win.y0 * g.w + win.x0) * g.c + c0;
+          for (int64_t c = 0; c < cb; ++c) {
+            d[c] = std::bit_cast<float>(std::bit_cast<uint32_t>(d[c]) | (grad[c] & open[c]));
+          }
+        }
+      }
+      // Columns right of the last window in this band of rows.
+      for (int64_t iy = oy * g.sh; iy < std::min((oy + 1) * g.sh, g.h); ++iy) {
+        std::fill(dimg + iy * row + covered_w * g.c, dimg + (iy + 1) * row, 0.0f);
+      }
+    }
+    std::fill(dimg + covered_h * row, dimg + g.h * row, 0.0f);  // rows below the last window
+  }
 }
 
 }  // namespace
@@ -87,9 +154,14 @@ Tensor pool2d_backward(PoolKind kind, const Tensor& x, const Tensor& dy, const P
   DTRAIN_CHECK(dy.defined() && dy.shape() == (Shape{g.n, g.oh, g.ow, g.c}),
                "pool2d_backward: gradient ", dy.defined() ? dy.shape().to_string() : "undefined",
                " does not match the output");
-  Tensor dx = Tensor::zeros(x.shape());
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
+  if (kind == PoolKind::kMax && g.sh == g.ph && g.sw == g.pw && g.pt == 0 && g.pl == 0) {
+    Tensor dx(x.shape());
+    max_pool_backward_tiled(g, px, pdy, dx.data<float>());
+    return dx;
+  }
+  Tensor dx = Tensor::zeros(x.shape());
   float* pdx = dx.data<float>();
   for (int64_t n = 0; n < g.n; ++n) {
     const float* img = px + n * g.h * g.w * g.c;

@@ -245,6 +245,32 @@ TEST(PoolKernel, MaxAndAverageWithTfSamePadding) {
       {"larger than"});
 }
 
+// dx of max pooling by the per-channel scan in row-major window order (the first maximum of
+// each window; a NaN is never "greater", so a window whose first value is NaN sends it there).
+std::vector<double> reference_max_pool_backward(const Tensor& x, const Tensor& dy,
+                                                const Pool2DAttrs& a) {
+  std::vector<double> want(static_cast<size_t>(x.num_elements()), 0.0);
+  const int64_t h = x.dim(1), w = x.dim(2), c = x.dim(3), oh = dy.dim(1), ow = dy.dim(2);
+  const int64_t ph = a.pool[0], pw = a.pool[1], sh = a.strides[0], sw = a.strides[1];
+  const int64_t pt = conv_pad_before(h, ph, sh, 1, a.padding);
+  const int64_t pl = conv_pad_before(w, pw, sw, 1, a.padding);
+  for (int64_t n = 0; n < x.dim(0); ++n)
+    for (int64_t oy = 0; oy < oh; ++oy)
+      for (int64_t ox = 0; ox < ow; ++ox)
+        for (int64_t ch = 0; ch < c; ++ch) {
+          int64_t best = -1;
+          for (int64_t iy = std::max<int64_t>(oy * sh - pt, 0); iy < std::min(oy * sh - pt + ph, h);
+               ++iy)
+            for (int64_t ix = std::max<int64_t>(ox * sw - pl, 0);
+                 ix < std::min(ox * sw - pl + pw, w); ++ix) {
+              const int64_t at = ((n * h + iy) * w + ix) * c + ch;
+              if (best < 0 || x.data<float>()[at] > x.data<float>()[best]) best = at;
+            }
+          want[static_cast<size_t>(best)] += dy.data<float>()[((n * oh + oy) * ow + ox) * c + ch];
+        }
+  return want;
+}
+
 // Max-pool backward over several channels, overlapping windows and ties (values drawn from a
 // few levels): each window's gradient goes to the first maximum of its channel, as a
 // per-channel scan in row-major window order finds it.
@@ -258,25 +284,37 @@ TEST(PoolKernel, MaxBackwardPicksTheFirstMaximumPerChannel) {
   const Tensor y = pool2d(PoolKind::kMax, x, a);
   const Tensor dy = random_tensor(y.shape(), 78);
   const Tensor dx = pool2d_backward(PoolKind::kMax, x, dy, a);
-  std::vector<double> want(static_cast<size_t>(x.num_elements()), 0.0);
-  const int64_t h = 7, w = 6, c = 5, oh = y.dim(1), ow = y.dim(2);
-  const int64_t pt = conv_pad_before(h, 3, 2, 1, Padding::kSame);
-  const int64_t pl = conv_pad_before(w, 3, 2, 1, Padding::kSame);
-  for (int64_t n = 0; n < 2; ++n)
-    for (int64_t oy = 0; oy < oh; ++oy)
-      for (int64_t ox = 0; ox < ow; ++ox)
-        for (int64_t ch = 0; ch < c; ++ch) {
-          int64_t best = -1;
-          for (int64_t iy = std::max<int64_t>(oy * 2 - pt, 0); iy < std::min(oy * 2 - pt + 3, h);
-               ++iy)
-            for (int64_t ix = std::max<int64_t>(ox * 2 - pl, 0); ix < std::min(ox * 2 - pl + 3, w);
-                 ++ix) {
-              const int64_t at = ((n * h + iy) * w + ix) * c + ch;
-              if (best < 0 || x.data<float>()[at] > x.data<float>()[best]) best = at;
-            }
-          want[static_cast<size_t>(best)] += dy.data<float>()[((n * oh + oy) * ow + ox) * c + ch];
-        }
-  expect_close(dx, want, "max pool backward");
+  expect_close(dx, reference_max_pool_backward(x, dy, a), "max pool backward");
+}
+
+// Windows that tile the input (strides = pool size: the CNN's MaxPooling2D) take a one-pass
+// path that writes dx without zero-filling it first. Same answer as the scan, exactly: ties,
+// a NaN first in its window, more channels than one block (70), odd sizes whose last row and
+// column no window covers (valid) or whose last windows are clipped (same), and a dx buffer
+// that the allocator hands back dirty.
+TEST(PoolKernel, MaxBackwardOverTilingWindowsMatchesTheScanExactly) {
+  for (const Padding pad : {Padding::kValid, Padding::kSame}) {
+    for (const Shape& shape : {Shape{2, 7, 5, 70}, Shape{3, 6, 9, 3}, Shape{1, 2, 2, 1}}) {
+      Philox rng(91);
+      Tensor x(shape);
+      for (int64_t i = 0; i < x.num_elements(); ++i) {
+        x.data<float>()[i] = std::floor(rng.uniform(-2.0f, 2.0f));
+      }
+      x.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      x.data<float>()[x.num_elements() - 1] = -0.0f;
+      const Pool2DAttrs a{.padding = pad};
+      const Tensor y = pool2d(PoolKind::kMax, x, a);
+      const Tensor dy = random_tensor(y.shape(), 92);
+      { Tensor dirty = Tensor::full(shape, 7.0); }  // back in the allocator's free list
+      const Tensor dx = pool2d_backward(PoolKind::kMax, x, dy, a);
+      const std::vector<double> want = reference_max_pool_backward(x, dy, a);
+      ASSERT_EQ(static_cast<size_t>(dx.num_elements()), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(dx.data<float>()[i], static_cast<float>(want[i]))
+            << shape.to_string() << " " << padding_name(pad) << " element " << i;
+      }
+    }
+  }
 }
 
 TEST(PoolKernel, GlobalPools) {

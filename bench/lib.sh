@@ -1,0 +1,74 @@
+# Shared shell of the side-by-side benchmarks (bench/mlp_epoch.sh, bench/cnn_epoch.sh,
+# bench/cnn_parallel.sh): sourced, not run. After `bench_setup`, the caller is in the repository
+# root, runs with one thread per BLAS/OpenMP pool, and has a scratch directory "$tmp" that is
+# removed on exit.
+
+# bench_setup: cd to the repository root, one thread per pool, OpenBLAS picks its own kernels
+# (unless KEEP_OPENBLAS_ENV=1), a scratch directory, and the dirty pages of earlier runs flushed.
+bench_setup() {
+  cd "$(dirname "${BASH_SOURCE[0]}")/.."
+  # One thread each, and no OpenMP/BLAS pools competing for the two cores.
+  export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+  # Some machines here force OpenBLAS's Haswell kernels (OPENBLAS_CORETYPE) for old builds' sake;
+  # Debian's OpenBLAS 0.3.21 picks its own (Cooperlake on the reference machine). Both programs
+  # use the same OpenBLAS, so the comparison is fair either way; KEEP_OPENBLAS_ENV=1 keeps it.
+  if [[ -z "${KEEP_OPENBLAS_ENV:-}" ]]; then unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; fi
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  # Flush what earlier runs (a checkpoint benchmark, a build) left dirty, so that the kernel's
+  # writeback does not compete for the two cores while this measures.
+  sync
+  sleep 1
+}
+
+# need_binary PATH: exits with a hint when a build output is missing.
+need_binary() {
+  [[ -x "$1" ]] || { echo "missing $1: run scripts/build.sh first" >&2; exit 1; }
+}
+
+# get KEY FILE: the value of the "KEY value" line of FILE.
+get() { awk -v k="$1" '$1 == k { print $2 }' "$2"; }
+
+# median VALUES...: the median (the lower middle one for an even count).
+median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+# dtrain_epoch LOG: median epoch seconds from `dtrain fit --verbose 2` lines ("... XXXms/epoch"),
+# skipping the first epoch when there are more.
+dtrain_epoch() {
+  local all
+  all=$(grep -oE '[0-9]+ms/epoch' "$1" | sed 's/ms\/epoch//')
+  if [[ $(wc -l <<< "$all") -gt 1 ]]; then all=$(tail -n +2 <<< "$all"); fi
+  sort -g <<< "$all" | awk '{ a[NR] = $1 } END { printf "%.4f", a[int((NR + 1) / 2)] / 1000 }'
+}
+
+# max_rss_mib FILE: the largest "peak_rss_kib N" line of FILE (one per process, from
+# /usr/bin/time -f 'peak_rss_kib %M'), in MiB.
+max_rss_mib() {
+  grep -oE 'peak_rss_kib [0-9]+' "$1" | awk '$2 > m { m = $2 } END { printf "%.1f", m / 1024 }'
+}
+
+# print_machine: the CPU, the load average and OpenBLAS's kernels and build (from
+# bench_gemm_floor, when built), so that every report says where it was measured.
+print_machine() {
+  echo "CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1) ($(getconf _NPROCESSORS_ONLN) CPUs); load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+  local floor="${BUILD_DIR:-build}/bench/bench_gemm_floor"
+  if [[ -x "$floor" ]]; then
+    "$floor" 1 > "$tmp/floor"
+    echo "OpenBLAS: kernels $(get openblas_core "$tmp/floor"); $(sed -n 's/^openblas_config //p' "$tmp/floor")"
+  fi
+  echo "dtrain flushes denormals: ${DTRAIN_FLUSH_DENORMALS:-1} (DTRAIN_FLUSH_DENORMALS)"
+}
+
+# speedup DTRAIN PYTORCH PYTORCH_FTZ TARGET: PyTorch's faster time over dtrain's.
+speedup() {
+  awk -v d="$1" -v t="$2" -v f="$3" -v target="$4" 'BEGIN {
+    best = t < f ? t : f; which = t < f ? "default" : "flush_denormal"
+    printf "speedup (faster pytorch (%s) / dtrain): %.2fx  (target >= %s)\n", which, best / d, target }'
+}
+
+# row LABEL KEY: "LABEL dtrain pytorch pytorch+ftz" from the files "$last_d", "$last_t" and
+# "$last_f" (the caller sets them); header: the column names.
+row() {
+  printf '%-44s %10s %10s %12s\n' "$1" "$(get "$2" "$last_d")" "$(get "$2" "$last_t")" "$(get "$2" "$last_f")"
+}
+header() { printf '%-44s %10s %10s %12s\n' "metric" "dtrain" "pytorch" "pytorch+ftz"; }

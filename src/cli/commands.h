@@ -18,6 +18,8 @@ void add_ckpt_command(CLI::App& app, std::function<int()>& run);
 void add_events_command(CLI::App& app, std::function<int()>& run);
 // launch: start a job's worker processes on this node, like torchrun (src/cli/launch.cc).
 void add_launch_command(CLI::App& app, std::function<int()>& run);
+// generate: continue a prompt with a saved language model (src/cli/generate.cc).
+void add_generate_command(CLI::App& app, std::function<int()>& run);
 // ps: run a parameter server for ParameterServerStrategy (src/cli/ps.cc).
 void add_ps_command(CLI::App& app, std::function<int()>& run);
 

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   dtrain::cli::add_events_command(app, run);
   dtrain::cli::add_launch_command(app, run);
   dtrain::cli::add_ps_command(app, run);
+  dtrain::cli::add_generate_command(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

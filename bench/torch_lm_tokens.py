@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""PyTorch peer of bench/lm_tokens.sh: the same char-level GPT as dtrain's nn::GPT (pre-norm
+blocks, nn.MultiheadAttention with a causal mask, exact GELU, learned positions), trained with
+AdamW and clip_grad_norm_ on windows of the same text, on one thread. Prints
+`step_seconds_median S` and `tokens_per_second T` (steps after the first two).
+
+Usage: torch_lm_tokens.py CORPUS STEPS CONTEXT LAYERS D_MODEL HEADS BATCH [THREADS]
+"""
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+corpus, steps, context, layers, d, heads, batch = sys.argv[1:8]
+threads = int(sys.argv[8]) if len(sys.argv) > 8 else 1
+steps, context, layers, d, heads, batch = map(int, (steps, context, layers, d, heads, batch))
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+
+text = open(corpus, encoding="utf-8", errors="replace").read()
+vocab = sorted(set(text))
+index = {c: i for i, c in enumerate(vocab)}
+ids = torch.tensor([index[c] for c in text], dtype=torch.long)
+n_windows = (len(ids) - 1) // context
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d, eps=1e-5)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d, eps=1e-5)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        a = self.ln1(x)
+        h, _ = self.attn(a, a, a, attn_mask=mask, need_weights=False)
+        x = x + h
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = nn.Embedding(len(vocab), d)
+        self.pos = nn.Embedding(context, d)
+        self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(d, eps=1e-5)
+        self.head = nn.Linear(d, len(vocab))
+
+    def forward(self, x):
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        h = self.tok(x) + self.pos.weight[:t]
+        for b in self.blocks:
+            h = b(h, mask)
+        return self.head(self.ln_f(h))
+
+
+model = GPT()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.004, eps=1e-7)
+g = torch.Generator().manual_seed(1)
+times = []
+for step in range(steps):
+    starts = torch.randint(0, n_windows, (batch,), generator=g) * context
+    x = torch.stack([ids[s:s + context] for s in starts])
+    y = torch.stack([ids[s + 1:s + context + 1] for s in starts])
+    t0 = time.perf_counter()
+    logits = model(x)
+    loss = F.cross_entropy(logits.reshape(-1, len(vocab)), y.reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    times.append(time.perf_counter() - t0)
+step = statistics.median(times[2:])
+print(f"params {sum(p.numel() for p in model.parameters())}")
+print(f"vocab {len(vocab)}")
+print(f"final_loss {loss.item():.4f}")
+print(f"step_seconds_median {step:.4f}")
+print(f"tokens_per_second {batch * context / step:.0f}")

@@ -24,6 +24,7 @@
 #include "dtrain/checkpoint/keras_v3.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/checkpoint/verify.h"
+#include "dtrain/core/crc32c.h"
 #include "dtrain/core/error.h"
 #include "dtrain/train/convert_checkpoint.h"
 
@@ -341,6 +342,12 @@ bool is_keras_archive(const std::string& path) {
          (checkpoint::is_keras_v3_path(path) && !checkpoint::is_hdf5_file(path));
 }
 
+std::string hex_crc(uint32_t crc) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", crc);
+  return buf;
+}
+
 int run_inspect(const InspectFlags& f) {
   if (is_keras_archive(f.path)) return inspect_keras_v3(f);
   if (is_h5(f.path)) return inspect_h5(f);
@@ -358,26 +365,45 @@ int run_inspect(const InspectFlags& f) {
     const BundleEntry& e = reader.entry(key);
     std::string shown;
     if (f.values) {
-      if (e.partitioned) {
-        shown = "<partitioned>";
-      } else if (e.dtype == DType::kString) {
+      if (e.dtype == DType::kString) {
         shown = format_strings(reader.read_strings(key), key, f.limit);
       } else {
         shown = format_values(reader.read(key), f.limit);
       }
     }
+    // A partitioned tensor (a sharded checkpoint's): its full shape, then each slice with the
+    // data shard holding it, its bytes and its CRC32C.
+    int64_t bytes = e.size;
+    nlohmann::json slices = nlohmann::json::array();
+    for (const checkpoint::TensorSlice& s : e.slices) {
+      const BundleEntry& se = reader.slice_entry(key, s);
+      bytes += se.size;
+      slices.push_back({{"slice", s.to_string()},
+                        {"shape", std::vector<int64_t>(se.shape.begin(), se.shape.end())},
+                        {"shard", se.shard_id},
+                        {"bytes", se.size},
+                        {"crc32c", hex_crc(crc32c::unmask(se.masked_crc32c))}});
+    }
     if (f.json) {
       nlohmann::json j = {{"key", key},
                           {"dtype", dtype_string(e.dtype)},
                           {"shape", std::vector<int64_t>(e.shape.begin(), e.shape.end())},
-                          {"bytes", e.size}};
+                          {"bytes", bytes}};
+      if (e.partitioned) j["slices"] = slices;
       if (f.values) j["values"] = shown;
       out.push_back(j);
     } else {
       std::printf("%-*s  %-8s  %s", static_cast<int>(width), key.c_str(),
                   dtype_string(e.dtype).c_str(), e.shape.to_string().c_str());
+      if (e.partitioned) std::printf("  (%zu slices)", e.slices.size());
       if (f.values) std::printf("  %s", shown.c_str());
       std::printf("\n");
+      for (const nlohmann::json& s : slices) {
+        std::printf("%-*s    slice %s  shard %d  %lld bytes  crc32c %s\n", static_cast<int>(width),
+                    "", s["slice"].get<std::string>().c_str(), s["shard"].get<int>(),
+                    static_cast<long long>(s["bytes"].get<int64_t>()),
+                    s["crc32c"].get<std::string>().c_str());
+      }
     }
   }
   if (f.json) std::cout << out.dump(2) << "\n";
@@ -457,10 +483,6 @@ int run_diff(const DiffFlags& f) {
                   ea.shape.to_string().c_str(), dtype_string(eb.dtype).c_str(),
                   eb.shape.to_string().c_str());
       ++differ;
-      continue;
-    }
-    if (ea.partitioned || eb.partitioned) {
-      std::printf("? %s  partitioned, not compared\n", key.c_str());
       continue;
     }
     if (ea.dtype == DType::kString) {

@@ -58,6 +58,7 @@ struct TrainFlags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   bool async_checkpoint = false;
+  bool sharded_checkpoints = false;
   bool resume = false;
   std::string strategy = "one";
   int replicas = 0;
@@ -439,6 +440,9 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       ->check(int_at_least(1));
   fit->add_flag("--async-checkpoint", train_flags.async_checkpoint,
                 "Write checkpoints on background threads (the step only copies the state)");
+  fit->add_flag("--sharded-checkpoints", train_flags.sharded_checkpoints,
+                "With --strategy multi-worker: each worker writes its partition of every "
+                "checkpoint (TF's sharded format; restores on any number of workers)");
   fit->add_flag("--resume", train_flags.resume,
                 "Resume exactly from the newest valid checkpoint in --checkpoint-dir");
   fit->add_option("--strategy", train_flags.strategy,
@@ -504,7 +508,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                                            .delete_checkpoint = false,
                                            .max_to_keep = 3,
                                            .enable_async = train_flags.async_checkpoint,
-                                           .restore = train_flags.resume}));
+                                           .restore = train_flags.resume,
+                                           .sharded = train_flags.sharded_checkpoints}));
       }
       if (train_flags.validate && d.test.x.defined()) {
         opts.validation_data = train::ValidationData(std::make_pair(d.test.x, d.test.y));

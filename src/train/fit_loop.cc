@@ -26,7 +26,8 @@ std::shared_ptr<Callback> TrainStep::make_backup(const FitOptions& options) {
   return std::make_shared<BackupAndRestore>(
       options.checkpoint_dir, BackupAndRestoreOptions{.save_freq = options.checkpoint_every,
                                                       .enable_async = options.async_checkpoints,
-                                                      .restore = options.resume});
+                                                      .restore = options.resume,
+                                                      .sharded = options.sharded_checkpoints});
 }
 
 FitLoop::FitLoop(nn::Model& model, TrainingState& s, const MakeDataset& make_dataset,

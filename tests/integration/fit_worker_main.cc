@@ -3,7 +3,10 @@
 // TF_CONFIG) and writes every model and optimizer variable, raw, to --out.
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
-//              [--step-delay-us U] [--sync-bn 1] [--batch-size B]
+//              [--step-delay-us U] [--sync-bn 1] [--batch-size B] [--sharded-checkpoints 1]
+//              [--exit-at-epoch E]
+// --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
+// backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -63,6 +66,8 @@ struct Backup {
   // --sync-bn 1: Dense(16, no bias) → SyncBatchNormalization → relu instead of Dense(16, relu).
   bool sync_bn = false;
   int64_t batch_size = 32;  // --batch-size: the global batch
+  bool sharded = false;     // --sharded-checkpoints 1
+  int64_t exit_at_epoch = -1;
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -107,6 +112,12 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
           std::this_thread::sleep_for(std::chrono::microseconds(backup.step_delay_us));
         }}));
   }
+  if (backup.exit_at_epoch >= 0) {
+    callbacks.push_back(std::make_shared<train::LambdaCallback>(
+        train::LambdaCallbackOptions{.on_epoch_begin = [&](int64_t epoch, const nn::Logs&) {
+          if (epoch == backup.exit_at_epoch) std::_Exit(3);
+        }}));
+  }
   const auto h = model.fit(x, y,
                            {.epochs = epochs,
                             .batch_size = backup.batch_size,
@@ -117,6 +128,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
                             .checkpoint_dir = backup.dir,
                             .checkpoint_every = backup.every,
                             .async_checkpoints = backup.async,
+                            .sharded_checkpoints = backup.sharded,
                             .verify_sync_every = verify_every});
   // Under dtrain launch every worker writes its own file.
   if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
@@ -165,6 +177,10 @@ int main(int argc, char** argv) {
       backup.sync_bn = v == "1";
     else if (k == "--batch-size")
       backup.batch_size = std::atoll(v.c_str());
+    else if (k == "--sharded-checkpoints")
+      backup.sharded = v == "1";
+    else if (k == "--exit-at-epoch")
+      backup.exit_at_epoch = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "error: unknown flag %s\n", k.c_str());
       return 2;

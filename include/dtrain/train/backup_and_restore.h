@@ -29,6 +29,12 @@ struct BackupAndRestoreOptions {
   int max_to_keep = 2;            // backups kept (older ones are deleted after a newer commits)
   bool enable_async = false;      // write backups on a background thread (snapshot first)
   bool restore = true;            // resume from the newest backup when fit() starts
+  // Under a strategy with several workers (MultiWorkerMirroredStrategy): every worker writes its
+  // rows of the trainable variables and their slots as its own data shard of each backup and
+  // the chief the rest and the merged index (docs/checkpoints.md, "Sharded checkpoints"); the
+  // backups restore on any number of workers. Sharded backups are written synchronously (the
+  // all-gathers run on the training thread), whatever enable_async says.
+  bool sharded = false;
 };
 
 class BackupAndRestore : public Callback {

@@ -94,6 +94,9 @@ struct FitOptions {
   // (BackupAndRestoreOptions::enable_async), so that frequent backups cost the training loop
   // a memory copy instead of a synchronous write.
   bool async_checkpoints = false;
+  // With save_checkpoints under MultiWorkerMirroredStrategy with several workers: sharded
+  // backups (BackupAndRestoreOptions::sharded; docs/checkpoints.md, "Sharded checkpoints").
+  bool sharded_checkpoints = false;
   // Write TensorBoard event files (loss, metrics, learning rate, steps/s) under this directory
   // (the TensorBoard callback, chief only). Empty: none.
   std::string logdir = "";

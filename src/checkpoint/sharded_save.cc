@@ -118,7 +118,13 @@ void Checkpoint::write_sharded(const std::string& prefix, const CommitFn& commit
     if (rank == 0) w.add_strings(kObjectGraphKey, {view.graph.serialize()}, Shape{});
     for (const detail::SavedValue& v : view.values) {
       const Variable* owner = v.slot_of ? v.slot_of : v.variable;
-      const auto it = owner ? index.find(owner) : index.end();
+      auto it = owner ? index.find(owner) : index.end();
+      // A slot of another shape than its variable (a factored second moment, say) is not cut
+      // by the variable's rows: the chief writes it whole.
+      if (it != index.end() && v.slot_of && !so.rows &&
+          v.get().shape() != shapes[static_cast<size_t>(it->second)]) {
+        it = index.end();
+      }
       if (it == index.end()) {
         if (rank == 0) w.add(v.key, v.get());  // not partitioned: the chief writes it whole
         continue;

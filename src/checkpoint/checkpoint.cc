@@ -115,6 +115,12 @@ void Checkpoint::write_bundle(const std::string& prefix, const std::string& grap
 void Checkpoint::write_internal(const std::string& prefix, std::string commit_group,
                                 CommitFn commit, detail::SpareFiles* spares) {
   DTRAIN_CHECK(!prefix.empty(), "Checkpoint: empty file prefix");
+  if (sharding_) {
+    wait_for_write();  // a sharded save is synchronous; earlier async saves finish first
+    if (sharding_->rank != 0) commit = nullptr;  // only the chief commits
+    write_sharded(prefix, commit);
+    return;
+  }
   // Two writers of one prefix would race on its files: let the earlier one finish first.
   if (writing(prefix)) wait_for_write();
   const auto view = detail::GraphView::build(root_ ? &*root_ : nullptr, root_children());
@@ -162,7 +168,8 @@ std::string Checkpoint::save(const std::string& file_prefix) {
   const std::string path = str_cat(file_prefix, "-", save_counter() + 1);
   const std::string dir = prefix_directory(path);
   const bool sync = options_.sync_to_disk;
-  if (writing(path) || listed(dir, path)) {
+  const bool chief = !sharding_ || sharding_->rank == 0;  // a shard's worker never commits
+  if (chief && (writing(path) || listed(dir, path))) {
     // Overwriting: once nothing else commits, drop it from the state file before its files are
     // replaced, so that a crash in between never leaves the state file naming a torn one.
     wait_for_write();

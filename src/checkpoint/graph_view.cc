@@ -108,6 +108,7 @@ void GraphView::add_values(const Trackable& t, int node, const std::string& path
       add_value(
           node, path, kVariableValueAttribute, var->name(), [var] { return var->tensor(); },
           [var](const Tensor& v) { var->assign(v); });
+      values.back().variable = var;
       break;
     }
     case Trackable::Kind::kCounter: {
@@ -250,6 +251,8 @@ GraphView GraphView::build(const Trackable* root,
         const int id = static_cast<int>(view.graph.nodes.size());
         view.graph.nodes.emplace_back();
         view.add_values(Trackable(*slot), id, slot_path);
+        view.values.back().slot_of = var;
+        view.values.back().slot = slot_names[s];
         view.graph.nodes[static_cast<size_t>(o)].slot_variables.push_back({v, slot_names[s], id});
       }
     }

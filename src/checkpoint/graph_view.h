@@ -28,7 +28,10 @@ struct SavedValue {
   std::string full_name;  // TF1-style name, for name-based restore
   std::function<Tensor()> get;
   std::function<void(const Tensor&)> set;
-  bool optional = false;  // save_counter: its absence is not "missing"
+  bool optional = false;               // save_counter: its absence is not "missing"
+  const Variable* variable = nullptr;  // the variable saved (a Variable trackable or a slot)
+  const Variable* slot_of = nullptr;   // a slot: the variable it belongs to
+  std::string slot;                    // a slot: its name
 };
 
 // The object graph reachable from a root, with the values of its nodes.

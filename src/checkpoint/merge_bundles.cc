@@ -17,19 +17,19 @@ void merge_bundles(std::span<const std::string> prefixes, const std::string& mer
                    bool sync) {
   DTRAIN_CHECK(!prefixes.empty(), "merge_bundles: no bundles to merge into ", merged_prefix);
   const int n = static_cast<int>(prefixes.size());
-  std::map<std::string, BundleEntry, std::less<>> merged;
+  BundleEntries merged;
   for (int i = 0; i < n; ++i) {
-    BundleReader reader(prefixes[static_cast<size_t>(i)]);
-    DTRAIN_CHECK(reader.num_shards() == 1, "merge_bundles: ", prefixes[static_cast<size_t>(i)],
-                 " has ", reader.num_shards(), " shards; only single-shard bundles merge");
-    for (const std::string& key : reader.keys()) {
-      BundleEntry e = reader.entry(key);
-      e.shard_id = i;
-      const auto [it, inserted] = merged.emplace(key, e);
-      DTRAIN_CHECK(inserted, "merge_bundles: tensor '", key, "' is in two bundles (",
-                   prefixes[static_cast<size_t>(it->second.shard_id)], " and ",
-                   prefixes[static_cast<size_t>(i)], ")");
+    const std::string& prefix = prefixes[static_cast<size_t>(i)];
+    BundleReader reader(prefix);
+    DTRAIN_CHECK(reader.num_shards() == 1, "merge_bundles: ", prefix, " has ", reader.num_shards(),
+                 " shards; only single-shard bundles merge");
+    BundleEntries entries = reader.entries();
+    for (auto& [key, e] : entries) {
+      if (!e.partitioned) e.shard_id = i;
     }
+    // A tensor partitioned across the bundles gets the union of its slices, as in TF.
+    merge_bundle_entries(merged, entries,
+                         str_cat("merge_bundles into ", merged_prefix, " (", prefix, ")"));
   }
   const std::filesystem::path parent = std::filesystem::path(merged_prefix).parent_path();
   if (!parent.empty()) {

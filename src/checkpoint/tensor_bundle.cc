@@ -27,6 +27,10 @@
 #include "dtrain/core/proto_wire.h"
 
 namespace dtrain::checkpoint {
+
+using detail::decode_entry;
+using detail::encode_entry;
+
 namespace {
 
 constexpr size_t kTableBlockSize = 262144;  // TF's BundleWriter/MergeBundles block size
@@ -100,86 +104,6 @@ std::string encode_header(int num_shards) {
   return out;
 }
 
-std::string encode_shape(const Shape& shape) {
-  std::string out, dim;
-  for (int64_t d : shape) {
-    dim.clear();
-    if (d != 0) wire::put_varint_field(dim, 1, static_cast<uint64_t>(d));
-    wire::put_bytes_field(out, 2, dim);
-  }
-  return out;
-}
-
-std::string encode_entry(const BundleEntry& e) {
-  std::string out;
-  wire::put_varint_field(out, 1, static_cast<uint64_t>(static_cast<int32_t>(e.dtype)));
-  wire::put_bytes_field(out, 2, encode_shape(e.shape));
-  if (e.shard_id != 0) wire::put_varint_field(out, 3, static_cast<uint64_t>(e.shard_id));
-  if (e.offset != 0) wire::put_varint_field(out, 4, static_cast<uint64_t>(e.offset));
-  if (e.size != 0) wire::put_varint_field(out, 5, static_cast<uint64_t>(e.size));
-  if (e.masked_crc32c != 0) wire::put_fixed32_field(out, 6, e.masked_crc32c);
-  return out;
-}
-
-Shape decode_shape(std::string_view bytes, const std::string& what) {
-  Shape shape;
-  wire::Reader r(bytes, what + " (TensorShapeProto)");
-  wire::Field f;
-  while (r.next(f)) {
-    if (f.number == 2 && f.type == wire::kLengthDelimited) {
-      int64_t size = 0;
-      wire::Reader dr(f.bytes, what + " (TensorShapeProto.Dim)");
-      wire::Field df;
-      while (dr.next(df)) {
-        if (df.number == 1 && df.type == wire::kVarint) size = static_cast<int64_t>(df.value);
-      }
-      if (size < 0) throw DataLossError(str_cat(what, ": negative dimension ", size));
-      if (shape.rank() == Shape::kMaxRank) {
-        throw UnimplementedError(
-            str_cat(what, ": rank above ", Shape::kMaxRank, " is not supported"));
-      }
-      shape.push_back(size);
-    } else if (f.number == 3 && f.value != 0) {
-      throw DataLossError(str_cat(what, ": shape of unknown rank in a checkpoint"));
-    }
-  }
-  return shape;
-}
-
-BundleEntry decode_entry(std::string_view bytes, const std::string& what) {
-  BundleEntry e;
-  wire::Reader r(bytes, what);
-  wire::Field f;
-  while (r.next(f)) {
-    switch (f.number) {
-      case 1:
-        e.dtype = static_cast<DType>(static_cast<int32_t>(f.value));
-        break;
-      case 2:
-        e.shape = decode_shape(f.bytes, what);
-        break;
-      case 3:
-        e.shard_id = static_cast<int32_t>(f.value);
-        break;
-      case 4:
-        e.offset = static_cast<int64_t>(f.value);
-        break;
-      case 5:
-        e.size = static_cast<int64_t>(f.value);
-        break;
-      case 6:
-        e.masked_crc32c = static_cast<uint32_t>(f.value);
-        break;
-      case 7:
-        e.partitioned = true;
-        break;
-      default:
-        break;  // unknown fields are skipped, as protobuf does
-    }
-  }
-  return e;
-}
-
 std::string hex32(uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof(buf), "0x%08x", v);
@@ -195,9 +119,7 @@ void byte_swap(void* data, size_t elem, size_t n) {
 
 namespace detail {
 
-std::string build_index(int num_shards,
-                        const std::map<std::string, BundleEntry, std::less<>>& entries,
-                        const std::string& where) {
+std::string build_index(int num_shards, const BundleEntries& entries, const std::string& where) {
   leveldb::Options options;
   options.compression = leveldb::kNoCompression;
   options.block_size = kTableBlockSize;
@@ -234,7 +156,7 @@ std::string data_filename(const std::string& prefix, int shard, int num_shards) 
 struct BundleWriter::Impl {
   BundleWriterOptions options;
   std::unique_ptr<AtomicFile> data;
-  std::map<std::string, BundleEntry, std::less<>> entries;
+  BundleEntries entries;
   bool finished = false;
 
   BundleEntry& new_entry(std::string_view key, const std::string& prefix) {
@@ -244,6 +166,7 @@ struct BundleWriter::Impl {
     auto [it, inserted] = entries.try_emplace(std::string(key));
     DTRAIN_CHECK(inserted, "BundleWriter ", prefix, ": tensor '", key, "' was added twice");
     it->second.offset = static_cast<int64_t>(data->size());
+    it->second.shard_id = options.shard;
     return it->second;
   }
 };
@@ -252,6 +175,8 @@ BundleWriter::BundleWriter(std::string prefix, BundleWriterOptions options)
     : prefix_(std::move(prefix)), impl_(std::make_unique<Impl>()) {
   DTRAIN_CHECK(!prefix_.empty(), "BundleWriter: empty prefix");
   impl_->options = options;
+  DTRAIN_CHECK(options.num_shards >= 1 && options.shard >= 0 && options.shard < options.num_shards,
+               "BundleWriter ", prefix_, ": shard ", options.shard, " of ", options.num_shards);
   const std::filesystem::path parent = std::filesystem::path(prefix_).parent_path();
   if (!parent.empty()) {
     std::error_code ec;
@@ -259,7 +184,7 @@ BundleWriter::BundleWriter(std::string prefix, BundleWriterOptions options)
     if (ec) throw_file_error(ec.value(), "create directory", parent.string());
   }
   impl_->data = std::make_unique<AtomicFile>(
-      data_filename(prefix_, 0, 1),
+      data_filename(prefix_, options.shard, options.num_shards),
       // The index's commit fsyncs the directory, which makes this file's rename durable too.
       AtomicFileOptions{.sync = options.sync,
                         .sync_directory = false,
@@ -326,8 +251,51 @@ void BundleWriter::add_strings(std::string_view key, const std::vector<std::stri
   e.masked_crc32c = crc32c::mask(crc);
 }
 
+void BundleWriter::add_slice(std::string_view key, const Shape& full_shape,
+                             const TensorSlice& slice, const Tensor& slice_tensor) {
+  DTRAIN_CHECK(slice_tensor.defined() && slice_tensor.dtype() != DType::kString, "BundleWriter ",
+               prefix_, ": slice of '", key, "' is undefined or holds strings");
+  DTRAIN_CHECK(!key.empty() && key[0] != '\0', "BundleWriter ", prefix_,
+               ": invalid name for a partitioned tensor");
+  DTRAIN_CHECK(static_cast<int>(slice.extents.size()) == full_shape.rank() && full_shape.rank() > 0,
+               "BundleWriter ", prefix_, ": slice ", slice.to_string(), " of '", key,
+               "' does not match its shape ", full_shape.to_string());
+  for (int d = 0; d < full_shape.rank(); ++d) {
+    DTRAIN_CHECK(
+        slice.full_at(d) || (slice.start(d) >= 0 && slice.length(d, full_shape) >= 0 &&
+                             slice.start(d) + slice.length(d, full_shape) <= full_shape[d]),
+        "BundleWriter ", prefix_, ": slice ", slice.to_string(), " of '", key,
+        "' lies outside its shape ", full_shape.to_string());
+  }
+  DTRAIN_CHECK(slice.shape_in(full_shape) == slice_tensor.shape(), "BundleWriter ", prefix_,
+               ": slice ", slice.to_string(), " of '", key, "' (shape ", full_shape.to_string(),
+               ") needs a tensor of shape ", slice.shape_in(full_shape).to_string(), ", got ",
+               slice_tensor.shape().to_string());
+  auto [it, inserted] = impl_->entries.try_emplace(std::string(key));
+  BundleEntry& full = it->second;
+  if (!inserted) {
+    DTRAIN_CHECK(full.partitioned && full.dtype == slice_tensor.dtype() && full.shape == full_shape,
+                 "BundleWriter ", prefix_, ": tensor '", key,
+                 "' was added before with another dtype or shape, or unpartitioned");
+  }
+  full.dtype = slice_tensor.dtype();
+  full.shape = full_shape;
+  full.partitioned = true;
+  full.slices.push_back(slice);
+  add(encode_tensor_name_slice(key, slice), slice_tensor);
+}
+
+BundleEntries BundleWriter::finish_shard() {
+  DTRAIN_CHECK(!impl_->finished, "BundleWriter ", prefix_, ": finish_shard() called twice");
+  impl_->finished = true;
+  impl_->data->commit();
+  return impl_->entries;
+}
+
 void BundleWriter::finish() {
   DTRAIN_CHECK(!impl_->finished, "BundleWriter ", prefix_, ": finish() called twice");
+  DTRAIN_CHECK(impl_->options.num_shards == 1, "BundleWriter ", prefix_,
+               ": a shard of a sharded bundle ends with finish_shard()");
   impl_->finished = true;
   impl_->data->commit();
 
@@ -407,7 +375,8 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
       continue;
     }
     BundleEntry e = decode_entry(value, str_cat("BundleEntryProto of '", key, "' in ", index_path));
-    entries_.emplace(key, e);
+    if (key[0] != '\0') names_.push_back(key);  // slice entries start with NUL (OrderedCode 0)
+    entries_.emplace(key, std::move(e));
   }
   if (!it->status().ok()) {
     throw DataLossError(
@@ -485,14 +454,11 @@ bool BundleReader::files_replaced() const {
   return false;
 }
 
-std::vector<std::string> BundleReader::keys() const {
-  std::vector<std::string> out;
-  out.reserve(entries_.size());
-  for (const auto& [key, e] : entries_) out.push_back(key);
-  return out;
-}
+std::vector<std::string> BundleReader::keys() const { return names_; }
 
-bool BundleReader::contains(std::string_view key) const { return entries_.count(key) != 0; }
+bool BundleReader::contains(std::string_view key) const {
+  return !key.empty() && key[0] != '\0' && entries_.count(key) != 0;
+}
 
 const BundleEntry& BundleReader::entry(std::string_view key) const {
   auto it = entries_.find(key);
@@ -528,14 +494,23 @@ void BundleReader::read_bytes(const BundleEntry& e, std::string_view key, void* 
 
 Tensor BundleReader::read(std::string_view key) const {
   const BundleEntry& e = entry(key);
-  const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
   if (e.dtype == DType::kString) {
     throw InvalidArgumentError(
         str_cat("checkpoint ", prefix_, ": tensor '", key, "' holds strings; use read_strings()"));
   }
-  if (e.partitioned) {
-    throw UnimplementedError(str_cat("checkpoint ", prefix_, ": tensor '", key,
-                                     "' is partitioned into slices, which dtrain cannot read"));
+  if (!e.partitioned) return read_plain(e, key);
+  TensorSlice all;
+  all.extents.resize(static_cast<size_t>(e.shape.rank()));
+  Tensor out(e.dtype, e.shape);
+  read_region(key, e, all, out);
+  return out;
+}
+
+Tensor BundleReader::read_plain(const BundleEntry& e, std::string_view key) const {
+  const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
+  if (e.dtype == DType::kString) {
+    throw InvalidArgumentError(
+        str_cat("checkpoint ", prefix_, ": tensor '", key, "' holds strings; use read_strings()"));
   }
   const size_t elem = dtype_size(e.dtype);
   if (elem == 0) {
@@ -569,6 +544,10 @@ std::vector<std::string> BundleReader::read_strings(std::string_view key) const 
   if (e.dtype != DType::kString) {
     throw InvalidArgumentError(str_cat("checkpoint ", prefix_, ": tensor '", key, "' has dtype ",
                                        dtype_name(e.dtype), ", not string"));
+  }
+  if (e.partitioned) {
+    throw UnimplementedError(str_cat("checkpoint ", prefix_, ": string tensor '", key,
+                                     "' is partitioned into slices, which dtrain cannot read"));
   }
   std::string buf(static_cast<size_t>(e.size), '\0');
   read_bytes(e, key, buf.data());

@@ -61,6 +61,7 @@ struct TrainFlags {
   int64_t checkpoint_every = 0;
   bool async_checkpoint = false;
   std::optional<int64_t> snapshot_every;  // nullopt: the launcher's --snapshot-every
+  bool sharded_checkpoints = false;
   bool resume = false;
   std::string strategy = "one";
   int replicas = 0;
@@ -464,6 +465,9 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                   "Under dtrain launch: snapshot the state into the launcher's memory every N "
                   "steps besides the checkpoints (default: launch's --snapshot-every; 0: none)")
       ->check(CLI::NonNegativeNumber);
+  fit->add_flag("--sharded-checkpoints", train_flags.sharded_checkpoints,
+                "With --strategy multi-worker: each worker writes its partition of every "
+                "checkpoint (TF's sharded format; restores on any number of workers)");
   fit->add_flag("--resume", train_flags.resume,
                 "Resume exactly from the newest valid checkpoint in --checkpoint-dir");
   fit->add_option("--strategy", train_flags.strategy,
@@ -562,7 +566,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                                            .max_to_keep = 3,
                                            .enable_async = train_flags.async_checkpoint,
                                            .restore = train_flags.resume,
-                                           .snapshot_every = train_flags.snapshot_every}));
+                                           .snapshot_every = train_flags.snapshot_every,
+                                           .sharded = train_flags.sharded_checkpoints}));
       }
       if ((train_flags.validate || lm) && d.test.x.defined()) {
         opts.validation_data = train::ValidationData(std::make_pair(d.test.x, d.test.y));

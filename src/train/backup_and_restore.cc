@@ -14,6 +14,7 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/preemption.h"
+#include "dtrain/train/sharded_checkpoints.h"
 #include "dtrain/train/training.h"
 #include "fit_loop.h"
 #include "memory_snapshots.h"
@@ -36,7 +37,8 @@ struct BackupAndRestore::State {
   Tensor metric_state;               // float64 [metrics, 2]: (total, count) per metric
   std::unique_ptr<checkpoint::Checkpoint> ckpt;
   std::unique_ptr<checkpoint::CheckpointManager> manager;  // the chief's only
-  bool writer = true;
+  bool writer = true;    // the chief (or the only process): owns the manager
+  bool sharded = false;  // every worker writes its shard of each backup
   std::vector<std::pair<std::string, checkpoint::Trackable>> children;  // what ckpt tracks
 };
 
@@ -107,6 +109,8 @@ void BackupAndRestore::attach() {
   // Under a multi-worker strategy the variables are mirrored, so only the chief writes (and
   // sweeps the directory); the other workers only read the chief's committed backups.
   st.writer = ts->strategy == nullptr || ts->strategy->is_chief();
+  st.sharded = options_.sharded && ts->strategy != nullptr && ts->strategy->num_workers() > 1;
+  if (st.sharded) st.ckpt->set_sharding(sharded_save_options(*ts->strategy, m));
   if (!st.writer) return;
   st.manager = std::make_unique<checkpoint::CheckpointManager>(
       *st.ckpt, dir_,
@@ -191,7 +195,7 @@ void BackupAndRestore::on_train_begin(const Logs&) {
 void BackupAndRestore::backup() {
   DTRAIN_CHECK(state_ != nullptr, "BackupAndRestore::backup: fit() has not started");
   State& st = *state_;
-  if (!st.writer) return;
+  if (!st.writer && !st.sharded) return;
   TrainingState& ts = state_of(*model(), "BackupAndRestore::backup");
   DTRAIN_CHECK(ts.loop != nullptr, "BackupAndRestore::backup: fit() is not running");
   // Never write a poisoned state: a backup must be something worth rolling back to.
@@ -211,7 +215,13 @@ void BackupAndRestore::backup() {
   }
   capture();
   const auto start = std::chrono::steady_clock::now();
-  st.manager->save();
+  if (st.manager) {
+    st.manager->save();
+  } else {
+    // A sharded backup's other workers: the same number as the chief's manager gives it (every
+    // worker's save_counter is the same), written without touching the state file.
+    st.ckpt->save((fs::path(dir_) / "backup").string());
+  }
   ts.loop->set_checkpoint_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   steps_since_backup_ = 0;
@@ -238,7 +248,7 @@ void BackupAndRestore::capture() {
 void BackupAndRestore::on_preemption(int64_t, int64_t) {
   if (!state_) return;
   backup();
-  if (state_->writer) state_->manager->sync();
+  if (state_->manager) state_->manager->sync();
 }
 
 bool BackupAndRestore::restore_last_good() {
@@ -249,7 +259,7 @@ bool BackupAndRestore::restore_last_good() {
   const int64_t epoch = st.epoch, step = st.step, seed = st.data_seed, has_seed = st.has_seed;
   const data::IteratorState position = st.position;
   std::optional<checkpoint::CheckpointLoadStatus> status;
-  if (st.writer) st.manager->sync();
+  if (st.manager) st.manager->sync();
   status = st.ckpt->restore_latest(dir_);
   st.epoch = epoch;
   st.step = step;

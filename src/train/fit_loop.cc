@@ -27,7 +27,8 @@ std::shared_ptr<Callback> TrainStep::make_backup(const FitOptions& options) {
       options.checkpoint_dir, BackupAndRestoreOptions{.save_freq = options.checkpoint_every,
                                                       .enable_async = options.async_checkpoints,
                                                       .restore = options.resume,
-                                                      .snapshot_every = options.snapshot_every});
+                                                      .snapshot_every = options.snapshot_every,
+                                                      .sharded = options.sharded_checkpoints});
 }
 
 FitLoop::FitLoop(nn::Model& model, TrainingState& s, const MakeDataset& make_dataset,

@@ -5,8 +5,11 @@
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
 //              [--step-delay-us U] [--sync-bn 1] [--resnet 1] [--batch-size B]
 //              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
+//              [--sharded-checkpoints 1] [--exit-at-epoch E]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
+// --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
+// backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -79,6 +82,8 @@ struct Backup {
   size_t overlap_bucket_bytes = 0;  // 0: the all-reduce after backward
   bool cnn = false;
   int shard = 0;  // --shard-optimizer-state: ZeRO stage
+  bool sharded = false;  // --sharded-checkpoints 1
+  int64_t exit_at_epoch = -1;
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -161,6 +166,12 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
           std::this_thread::sleep_for(std::chrono::microseconds(backup.step_delay_us));
         }}));
   }
+  if (backup.exit_at_epoch >= 0) {
+    callbacks.push_back(std::make_shared<train::LambdaCallback>(
+        train::LambdaCallbackOptions{.on_epoch_begin = [&](int64_t epoch, const nn::Logs&) {
+          if (epoch == backup.exit_at_epoch) std::_Exit(3);
+        }}));
+  }
   const auto h = model.fit(x, y,
                            {.epochs = epochs,
                             .batch_size = backup.batch_size,
@@ -171,6 +182,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
                             .checkpoint_dir = backup.dir,
                             .checkpoint_every = backup.every,
                             .async_checkpoints = backup.async,
+                            .sharded_checkpoints = backup.sharded,
                             .verify_sync_every = verify_every});
   // Under dtrain launch every worker writes its own file.
   if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
@@ -231,6 +243,10 @@ int main(int argc, char** argv) {
       backup.cnn = v == "cnn";
     else if (k == "--batch-size")
       backup.batch_size = std::atoll(v.c_str());
+    else if (k == "--sharded-checkpoints")
+      backup.sharded = v == "1";
+    else if (k == "--exit-at-epoch")
+      backup.exit_at_epoch = std::atoll(v.c_str());
     else {
       std::fprintf(stderr, "error: unknown flag %s\n", k.c_str());
       return 2;

@@ -120,6 +120,39 @@ struct CheckpointOptions {
                                                      // snapshots (one snapshot always fits)
 };
 
+// Where a sharded save gets the rows of a partitioned value (docs/checkpoints.md, "Sharded
+// checkpoints"). Under a replicated strategy every worker holds the full tensors and the default
+// (no RowSource) cuts the rows from them; under sharded optimizer state (ZeRO) a worker holds
+// only its partition of the slots and hands out those rows itself. Called on the saving thread.
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  // Rows [row_begin, row_end) of `variable` (slot empty) or of its optimizer slot `slot` ("m",
+  // "v", "momentum"...): a tensor of the variable's dtype and shape [row_end - row_begin,
+  // shape[1:]...]. Only rows that partition_rows gives this worker are asked for.
+  virtual Tensor rows(const Variable& variable, const std::string& slot, int64_t row_begin,
+                      int64_t row_end) = 0;
+};
+
+// A sharded save (Checkpoint::set_sharding): every one of num_shards workers writes its own data
+// shard `<prefix>.data-<rank>-of-<num_shards>`, holding its rows (partition_rows of
+// `partitioned`'s shapes, dtrain/core/partition.h) of each partitioned variable and of that
+// variable's optimizer slots, as TensorBundle slices; the chief (rank 0) also writes every other
+// value and the object graph, then, once every worker has committed its shard, the one index
+// (num_shards = N) from the entries the workers sent it, and only then commits the checkpoint.
+struct ShardedSaveOptions {
+  int rank = 0;        // this worker
+  int num_shards = 1;  // workers writing the checkpoint
+  // The variables partitioned across the shards, in partition order (the model's trainable
+  // variables, as sharded optimizer state orders them); their slots get the same rows. A
+  // variable whose rows all fall in one shard is written whole by that worker.
+  std::vector<const Variable*> partitioned;
+  // Every worker's `mine`, indexed by rank: an all-gather over the job's collective channel
+  // (every worker calls it the same number of times, three per save). Throws when a peer is lost.
+  std::function<std::vector<std::string>(const std::string& mine)> all_gather;
+  RowSource* rows = nullptr;  // null: rows of the full tensors
+};
+
 // What restore() matched. TF's CheckpointLoadStatus: the assertions throw
 // FailedPreconditionError listing the keys involved. Destroying a status whose checkpoint had
 // values that nothing consumed warns (through the warning handler) unless expect_partial() or an
@@ -204,6 +237,16 @@ class Checkpoint {
   // The bundle keys a save would write now, sorted (without the object graph key).
   std::vector<std::string> keys();
 
+  // Makes save(), write() and a CheckpointManager's saves sharded (ShardedSaveOptions), or plain
+  // again with nullopt. Every worker of the job calls save()/write() with the same prefix at the
+  // same point; only the chief's save updates the state file (non-chief workers neither commit
+  // nor uncommit). Sharded saves are synchronous even with enable_async (the all-gathers run on
+  // the calling thread, in the order of the job's other collectives). A worker that fails or
+  // dies mid-save leaves no `<prefix>.index`: the checkpoint never counts. Throws
+  // InvalidArgumentError for bad options (num_shards < 1, rank outside it, no all_gather).
+  void set_sharding(std::optional<ShardedSaveOptions> options);
+  const std::optional<ShardedSaveOptions>& sharding() const { return sharding_; }
+
  private:
   friend class CheckpointManager;
   // Commits written prefixes (oldest first): runs on the committing thread (the caller's when
@@ -227,6 +270,9 @@ class Checkpoint {
                     const std::vector<std::pair<std::string, Tensor>>& tensors,
                     detail::SpareFiles* spares, bool sync_directory) const;
   std::vector<std::pair<std::string, Trackable>> root_children();
+  // The sharded write of `prefix` (sharded_save.cc); `commit` runs on the chief only, after the
+  // merged index is durable.
+  void write_sharded(const std::string& prefix, const CommitFn& commit);
 
   std::vector<std::pair<std::string, Trackable>> children_;
   std::optional<Trackable> root_;
@@ -234,6 +280,7 @@ class Checkpoint {
   Variable save_counter_;
   bool save_counter_tracked_ = false;
   std::unique_ptr<detail::AsyncWriter> writer_;  // enable_async only
+  std::optional<ShardedSaveOptions> sharding_;
 };
 
 // The newest committed checkpoint prefix in `directory` (from its `checkpoint` state file), or

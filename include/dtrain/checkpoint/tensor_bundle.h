@@ -28,7 +28,36 @@ inline constexpr std::string_view kObjectGraphKey = "_CHECKPOINTABLE_OBJECT_GRAP
 std::string index_filename(const std::string& prefix);
 std::string data_filename(const std::string& prefix, int shard, int num_shards);
 
-// One tensor's record in the index (BundleEntryProto).
+// A hyper-rectangle of a tensor (TF's TensorSlice / TensorSliceProto): per dimension a start and
+// a length, length -1 meaning the whole dimension ("full", an empty Extent on disk).
+struct TensorSlice {
+  struct Extent {
+    int64_t start = 0;
+    int64_t length = -1;  // -1: the whole dimension
+  };
+  std::vector<Extent> extents;  // one per dimension of the full tensor
+
+  // Rows [row_begin, row_end) of a tensor of rank `rank` >= 1: dimension 0 explicit, the others
+  // full (what a sharded save writes).
+  static TensorSlice rows(int rank, int64_t row_begin, int64_t row_end);
+  bool full_at(int d) const { return extents[static_cast<size_t>(d)].length < 0; }
+  int64_t start(int d) const { return full_at(d) ? 0 : extents[static_cast<size_t>(d)].start; }
+  int64_t length(int d, const Shape& full_shape) const {
+    return full_at(d) ? full_shape[d] : extents[static_cast<size_t>(d)].length;
+  }
+  // The slice's own shape inside `full_shape`.
+  Shape shape_in(const Shape& full_shape) const;
+  // TF's debug string: "-" per full dimension, "start,length" otherwise, joined by ':'.
+  std::string to_string() const;
+};
+
+// The index key of one slice of tensor `name`: TF's checkpoint::EncodeTensorNameSlice
+// (OrderedCode: 0, the name, the rank, then start and length of every dimension, -1 for a
+// full one). Such keys begin with a NUL byte, so they never collide with tensor names.
+std::string encode_tensor_name_slice(std::string_view name, const TensorSlice& slice);
+
+// One tensor's record in the index (BundleEntryProto). A partitioned tensor's entry holds only
+// dtype, shape and its slices; each slice is a separate entry under encode_tensor_name_slice.
 struct BundleEntry {
   DType dtype = DType::kInvalid;
   Shape shape;
@@ -36,8 +65,30 @@ struct BundleEntry {
   int64_t offset = 0;  // in the data shard
   int64_t size = 0;    // bytes in the data shard
   uint32_t masked_crc32c = 0;
-  bool partitioned = false;  // has TensorSliceProto slices (not supported for reading)
+  bool partitioned = false;         // has TensorSliceProto slices (slices below)
+  std::vector<TensorSlice> slices;  // the slices stored, in the order of the index entry
 };
+
+// Every entry of a bundle's index, tensor name (or encoded slice key) -> entry.
+using BundleEntries = std::map<std::string, BundleEntry, std::less<>>;
+
+// Entries serialized for transport between the workers of a sharded save (varint-framed key and
+// BundleEntryProto pairs), and back. parse_bundle_entries throws DataLossError naming `what`.
+std::string serialize_bundle_entries(const BundleEntries& entries);
+BundleEntries parse_bundle_entries(std::string_view bytes, const std::string& what);
+
+// Adds `shard`'s entries (a sharded save's per-worker entries, or another bundle's) to `merged`,
+// as TF's MergeBundles does: a tensor in several shards must be partitioned in each, with one
+// dtype and shape, and its slices are concatenated; any other repeated key is an
+// InvalidArgumentError naming it and `where`.
+void merge_bundle_entries(BundleEntries& merged, const BundleEntries& shard,
+                          const std::string& where);
+
+// Writes `<prefix>.index` for `entries` with num_shards = `num_shards` atomically (temporary
+// file, fsync, rename, directory fsync when `sync`), checking that the entries reference shards
+// < num_shards and that every partitioned tensor's slices are present (InvalidArgumentError).
+void write_bundle_index(const std::string& prefix, int num_shards, const BundleEntries& entries,
+                        bool sync);
 
 struct BundleWriterOptions {
   bool sync = true;            // fsync each file and the directory after each rename (crash safety)
@@ -48,6 +99,11 @@ struct BundleWriterOptions {
   // (AtomicFileOptions::reuse); the writer owns them from then on.
   std::string reuse_data = {};
   std::string reuse_index = {};
+  // One shard of a sharded bundle: the data goes to `<prefix>.data-<shard>-of-<num_shards>` and
+  // every entry gets shard_id = shard; finish_shard() commits the data and returns the entries
+  // instead of writing an index (the chief merges them: write_bundle_index).
+  int shard = 0;
+  int num_shards = 1;
 };
 
 // Writes one bundle: `<prefix>.data-00000-of-00001` while tensors are added, then the index.
@@ -71,9 +127,19 @@ class BundleWriter {
   // A DT_STRING tensor of `shape` (its element count must equal values.size()).
   void add_strings(std::string_view key, const std::vector<std::string>& values,
                    const Shape& shape);
+  // One slice of the partitioned tensor `key` of `full_shape` (TF's BundleWriter::AddSlice):
+  // records `slice` in the tensor's entry (dtype and full shape; several add_slice calls of one
+  // key append slices) and adds `slice_tensor`'s bytes under encode_tensor_name_slice(key,
+  // slice). Throws InvalidArgumentError when the slice does not lie inside `full_shape`, its
+  // shape is not slice_tensor's, or the dtype or full shape differ from an earlier slice's.
+  void add_slice(std::string_view key, const Shape& full_shape, const TensorSlice& slice,
+                 const Tensor& slice_tensor);
   // Commits the data file, then writes and commits the index. Blocks for the fsyncs. Throws
   // like add(); on failure no new index exists under the final name.
   void finish();
+  // For a shard (options.num_shards > 1 or shard > 0): commits the data file (fsynced, renamed
+  // into place) and returns this shard's entries, shard_id = options.shard. Writes no index.
+  BundleEntries finish_shard();
 
   const std::string& prefix() const { return prefix_; }
   // Bytes written to the data file so far.
@@ -99,18 +165,29 @@ class BundleReader {
 
   const std::string& prefix() const { return prefix_; }
   int num_shards() const { return num_shards_; }
-  // Tensor names in index (bytewise) order, without the header's empty key.
+  // Tensor names in index (bytewise) order, without the header's empty key and without the
+  // entries of individual slices (a partitioned tensor is listed once, by name).
   std::vector<std::string> keys() const;
   bool contains(std::string_view key) const;
   // The entry of `key`; throws NotFoundError naming the key and the index file.
   const BundleEntry& entry(std::string_view key) const;
 
   // The tensor under `key`, read from its shard with one pread and verified against its CRC32C.
-  // Throws NotFoundError (no such key), InvalidArgumentError (a DT_STRING entry: use
-  // read_strings), UnimplementedError (a partitioned tensor), DataLossError naming the data
-  // file and the key (CRC mismatch, short read, size inconsistent with dtype and shape).
+  // A partitioned tensor is assembled from its slices (any shards), each verified. Throws
+  // NotFoundError (no such key), InvalidArgumentError (a DT_STRING entry: use read_strings),
+  // DataLossError naming the data file and the key (CRC mismatch, short read, size
+  // inconsistent with dtype and shape, slices that are missing, overlap or leave a gap).
   // Blocks on the read.
   Tensor read(std::string_view key) const;
+  // Rows [row_begin, row_end) of the tensor under `key` (rank >= 1), partitioned or not: only
+  // the slices that hold those rows are read (each whole, for its CRC). Throws like read(), and
+  // InvalidArgumentError for a range outside the tensor or a scalar.
+  Tensor read_rows(std::string_view key, int64_t row_begin, int64_t row_end) const;
+  // The entry of one slice of partitioned tensor `key` (where it is stored, its CRC); throws
+  // DataLossError when the index lacks it.
+  const BundleEntry& slice_entry(std::string_view key, const TensorSlice& slice) const;
+  // Every entry of the index (slices included) under its key, as stored.
+  const BundleEntries& entries() const { return entries_; }
   // The elements of a DT_STRING tensor, row-major; both of its checksums are verified. Throws
   // like read().
   std::vector<std::string> read_strings(std::string_view key) const;
@@ -124,13 +201,18 @@ class BundleReader {
  private:
   std::string prefix_;
   int num_shards_ = 1;
-  bool big_endian_ = false;  // header says the data bytes are big-endian (swapped on read)
-  std::map<std::string, BundleEntry, std::less<>> entries_;
-  std::vector<int> fds_;  // one per data shard
+  bool big_endian_ = false;         // header says the data bytes are big-endian (swapped on read)
+  BundleEntries entries_;           // tensors and, under their encoded keys, slices
+  std::vector<std::string> names_;  // keys() (slice entries excluded)
+  std::vector<int> fds_;            // one per data shard
   // (device, inode) of the index and then of each data shard, as opened.
   std::vector<std::pair<uint64_t, uint64_t>> file_ids_;
   bool protected_ = false;  // every file was held (a shared flock) before it was read
   void read_bytes(const BundleEntry& e, std::string_view key, void* dst) const;
+  Tensor read_plain(const BundleEntry& e, std::string_view key) const;
+  // Copies the part of `key` inside `box` (a TensorSlice of the full tensor) into `out`.
+  void read_region(std::string_view key, const BundleEntry& full, const TensorSlice& box,
+                   Tensor& out) const;
 };
 
 }  // namespace dtrain::checkpoint

@@ -25,15 +25,17 @@ std::string resolve_prefix(const std::string& path);
 bool checkpoint_exists(const std::string& prefix);
 
 struct BundleVerification {
-  size_t tensors = 0;               // tensors read and CRC-verified (partitioned ones skipped)
-  uint64_t bytes = 0;               // their bytes
+  size_t tensors = 0;               // tensors read and CRC-verified (a partitioned one: once,
+                                    // every slice read and verified)
+  uint64_t bytes = 0;               // their bytes (a partitioned one's: its slices')
   std::vector<std::string> errors;  // one DataLossError message per corrupt tensor, key order
 };
 
-// Opens the bundle at `prefix` and reads every tensor (all shards), checking each CRC32C; the
-// object graph is parsed too. A corrupt tensor is recorded and reading goes on, so every one is
-// named. Throws NotFoundError (no index) and DataLossError for a corrupt index or a missing or
-// short data file, UnimplementedError for a dtype dtrain lacks.
+// Opens the bundle at `prefix` and reads every tensor (all shards; partitioned tensors
+// assembled from their slices), checking each CRC32C; the object graph is parsed too. A corrupt
+// tensor is recorded and reading goes on, so every one is named. Throws NotFoundError (no index)
+// and DataLossError for a corrupt index or a missing or short data file, UnimplementedError for a
+// dtype dtrain lacks.
 BundleVerification verify_bundle(const std::string& prefix);
 
 // Reads every weight of a Keras .h5 file and returns how many there are (HDF5 files carry no

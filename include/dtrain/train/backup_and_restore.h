@@ -35,6 +35,12 @@ struct BackupAndRestoreOptions {
   // before reading any backup. nullopt: the launcher's --snapshot-every (DTRAIN_SNAPSHOT_EVERY);
   // 0: none. Without a launcher that keeps snapshots, none are taken.
   std::optional<int64_t> snapshot_every = std::nullopt;
+  // Under a strategy with several workers (MultiWorkerMirroredStrategy): every worker writes its
+  // rows of the trainable variables and their slots as its own data shard of each backup and
+  // the chief the rest and the merged index (docs/checkpoints.md, "Sharded checkpoints"); the
+  // backups restore on any number of workers. Sharded backups are written synchronously (the
+  // all-gathers run on the training thread), whatever enable_async says.
+  bool sharded = false;
 };
 
 class MemorySnapshots;

@@ -99,6 +99,9 @@ struct FitOptions {
   // before any backup is read (BackupAndRestoreOptions::snapshot_every). nullopt: the
   // launcher's --snapshot-every; 0: none.
   std::optional<int64_t> snapshot_every = std::nullopt;
+  // With save_checkpoints under MultiWorkerMirroredStrategy with several workers: sharded
+  // backups (BackupAndRestoreOptions::sharded; docs/checkpoints.md, "Sharded checkpoints").
+  bool sharded_checkpoints = false;
   // Write TensorBoard event files (loss, metrics, learning rate, steps/s) under this directory
   // (the TensorBoard callback, chief only). Empty: none.
   std::string logdir = "";

@@ -51,6 +51,10 @@ int run_generate(const GenerateFlags& f) {
     throw InvalidArgumentError(str_cat("generate: --prompt: ", e.what()));
   }
   DTRAIN_CHECK(!prompt.empty(), "generate: --prompt is empty; give at least one character");
+  const int64_t context = lm->config().context;
+  DTRAIN_CHECK(static_cast<int64_t>(prompt.size()) <= context, "generate: --prompt has ",
+               prompt.size(), " tokens, more than the model's context of ", context,
+               "; shorten it to its last ", context, " tokens");
   std::fputs(f.prompt.c_str(), stdout);
   std::fflush(stdout);
   // Streams by decoding everything sampled so far and printing what is new, so that tokenizers

@@ -14,10 +14,6 @@
 #include "dtrain/core/file.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/thread_pool.h"
-#include "dtrain/data/csv.h"
-#include "dtrain/data/fashion_mnist.h"
-#include "dtrain/data/idx.h"
-#include "dtrain/data/labels.h"
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
@@ -29,17 +25,12 @@
 #include "dtrain/train/backup_and_restore.h"
 #include "dtrain/train/saving.h"
 #include "dtrain/train/training.h"
+#include "flag_checks.h"
 #include "language_model.h"
+#include "train_data.h"
 
 namespace dtrain::cli {
 namespace {
-
-struct DataFlags {
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string train_images, train_labels, test_images, test_labels;
-  std::string train_csv, test_csv;
-  std::optional<int> label_column;  // unset: the last column
-};
 
 struct ModelFlags {
   std::string model;  // Keras JSON; empty: the built-in --arch
@@ -73,98 +64,11 @@ struct TrainFlags {
   std::string logdir;
 };
 
-struct Split {
-  Tensor x, y;
-};
-struct Data {
-  Split train, test;
-  int64_t classes = 0;  // implied by the labels: the largest + 1 (checked: data::kMaxClasses)
-};
-
-// Flag checks: a bad value is a usage error (exit 2) naming the flag and the value, found while
-// parsing, before anything is loaded or trained.
-CLI::Validator int_at_least(int64_t lo) {
-  return CLI::Validator(
-      [lo](std::string& s) -> std::string {
-        int64_t v = 0;
-        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not an integer";
-        if (v < lo) return "is " + s + ", must be at least " + std::to_string(lo);
-        return {};
-      },
-      ">=" + std::to_string(lo));
-}
-
-// Any uint64 (a seed), but not "-1", which strtoull would wrap to 2^64 - 1.
-CLI::Validator unsigned_integer() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        uint64_t v = 0;
-        if (s.find('-') != std::string::npos) return "is " + s + ", must be at least 0";
-        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not an integer";
-        return {};
-      },
-      "UINT");
-}
-
-CLI::Validator int_at_most(int64_t hi, const std::string& why) {
-  return CLI::Validator(
-      [hi, why](std::string& s) -> std::string {
-        int64_t v = 0;
-        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not an integer";
-        if (v > hi) return "is " + s + ", must be at most " + std::to_string(hi) + " (" + why + ")";
-        return {};
-      },
-      "<=" + std::to_string(hi));
-}
-
-CLI::Validator finite_positive() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(s, v)) return "'" + s + "' is not a number";
-        if (!std::isfinite(v) || v <= 0) return "is " + s + ", must be a finite number > 0";
-        return {};
-      },
-      "FLOAT>0");
-}
-
 // A batch beyond this would allocate gigabytes of batch buffers before the first step.
 constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
 // BLAS threads beyond this only oversubscribe the cores (and, far beyond, OpenBLAS cannot start
 // them and hangs at exit).
 int max_threads() { return 4 * hardware_concurrency(); }
-
-void add_data_flags(CLI::App* cmd, DataFlags& f) {
-  CLI::Option* dir =
-      cmd->add_option("--data-dir", f.data_dir,
-                      "Fashion-MNIST directory with the four IDX .gz files (the default data set)")
-          ->capture_default_str();
-  CLI::Option* idx[] = {
-      cmd->add_option("--train-images", f.train_images,
-                      "IDX file of training inputs (.gz or plain)"),
-      cmd->add_option("--train-labels", f.train_labels, "IDX file of training labels"),
-      cmd->add_option("--test-images", f.test_images, "IDX file of test inputs"),
-      cmd->add_option("--test-labels", f.test_labels, "IDX file of test labels"),
-  };
-  CLI::Option* csv[] = {
-      cmd->add_option("--train-csv", f.train_csv, "CSV file of training rows (numeric)"),
-      cmd->add_option("--test-csv", f.test_csv, "CSV file of test rows (numeric)"),
-      cmd->add_option("--label-column", f.label_column,
-                      "CSV column holding the label, counted from 0 (default: the last)")
-          ->check(int_at_least(0)),
-  };
-  // Images and their labels come in pairs; the three sources of data exclude each other (a
-  // usage error names the two flags), rather than one silently winning.
-  idx[0]->needs(idx[1]);
-  idx[1]->needs(idx[0]);
-  idx[2]->needs(idx[3]);
-  idx[3]->needs(idx[2]);
-  for (CLI::Option* i : idx) {
-    dir->excludes(i);
-    for (CLI::Option* c : csv) i->excludes(c);
-  }
-  for (CLI::Option* c : csv) dir->excludes(c);
-}
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--model", f.model,
@@ -185,62 +89,6 @@ void add_model_flags(CLI::App* cmd, ModelFlags& f) {
       ->capture_default_str()
       ->check(int_at_least(1));
 }
-
-// IDX inputs of uint8 are scaled to [0, 1] as the Keras tutorial does; others are cast.
-Tensor idx_inputs(const std::string& path) {
-  Tensor t = data::read_idx(path);
-  if (t.dtype() == DType::kUInt8)
-    return ops::affine(ops::cast(t, DType::kFloat32), 1.0f / 255.0f, 0.0f);
-  return ops::cast(t, DType::kFloat32);
-}
-
-Split csv_split(const std::string& path, std::optional<int> label_column) {
-  const Tensor table = data::read_csv(path);
-  DTRAIN_CHECK(table.rank() == 2 && table.dim(1) >= 2, path,
-               ": need at least two columns (features and a label)");
-  const int64_t cols = table.dim(1);
-  const int64_t lc = label_column.value_or(cols - 1);
-  DTRAIN_CHECK(lc < cols, path, ": --label-column ", lc, " but the file has ", cols, " columns");
-  data::LabeledTable t = data::split_label_column(table, lc, DType::kFloat32);
-  // Labels are class indices: 2.5, nan or -1 in the label column is an error naming the row.
-  data::check_class_labels(t.y, str_cat(path, " (label column ", lc, ")"));
-  return {t.x, ops::cast(t.y, DType::kInt64)};
-}
-
-Data load_data(const DataFlags& f, bool need_train) {
-  Data d;
-  if (!f.train_csv.empty() || !f.test_csv.empty()) {
-    if (!f.train_csv.empty()) d.train = csv_split(f.train_csv, f.label_column);
-    if (!f.test_csv.empty()) d.test = csv_split(f.test_csv, f.label_column);
-  } else if (!f.train_images.empty() || !f.test_images.empty()) {
-    if (!f.train_images.empty()) {
-      DTRAIN_CHECK(!f.train_labels.empty(), "--train-images needs --train-labels");
-      d.train = {idx_inputs(f.train_images), data::read_idx(f.train_labels)};
-      data::check_class_labels(d.train.y, f.train_labels);
-    }
-    if (!f.test_images.empty()) {
-      DTRAIN_CHECK(!f.test_labels.empty(), "--test-images needs --test-labels");
-      d.test = {idx_inputs(f.test_images), data::read_idx(f.test_labels)};
-      data::check_class_labels(d.test.y, f.test_labels);
-    }
-  } else {
-    data::FashionMnist fm = data::fashion_mnist::load_data(f.data_dir);
-    d.train = {fm.x_train, fm.y_train};
-    d.test = {fm.x_test, fm.y_test};
-  }
-  DTRAIN_CHECK(!need_train || d.train.x.defined(), "no training data given");
-  for (const Split* s : {&d.train, &d.test}) {
-    if (!s->x.defined()) continue;
-    DTRAIN_CHECK(s->x.dim(0) == s->y.dim(0), "inputs have ", s->x.dim(0), " examples but labels ",
-                 s->y.dim(0));
-    // Every source's labels were checked above (the Fashion-MNIST files are uint8); the largest
-    // sizes the default model's output layer.
-    d.classes = std::max(d.classes, data::check_class_labels(s->y, "labels"));
-  }
-  return d;
-}
-
-int64_t num_classes(const Data& d) { return std::max<int64_t>(d.classes, 2); }
 
 bool is_h5(const std::string& path) {
   for (const char* ext : {".h5", ".hdf5", ".keras"}) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "dtrain/autograd/convolution.h"
+#include "testutil/golden.h"
 #include "testutil/gradcheck.h"
 
 namespace dtrain {
@@ -204,33 +205,10 @@ TEST(ConvGradCheck, FusedReluAwayFromKinks) {
 
 using nlohmann::json;
 
-const json& golden() {
-  static const json doc = [] {
-    std::ifstream in(DTRAIN_SOURCE_DIR "/tests/golden/conv_golden.json");
-    EXPECT_TRUE(in.good()) << "tests/golden/conv_golden.json missing";
-    return json::parse(in);
-  }();
-  return doc;
-}
-
-Tensor tensor_of(const json& t) {
-  return Tensor::from_vector(t.at("data").get<std::vector<float>>(),
-                             Shape(t.at("shape").get<std::vector<int64_t>>()));
-}
-
+const json& golden() { return testutil::golden_file("conv_golden.json"); }
+Tensor tensor_of(const json& t) { return testutil::golden_tensor(t); }
 void expect_close(const Tensor& actual, const json& expected, const std::string& what) {
-  ASSERT_TRUE(actual.defined()) << what << ": undefined";
-  ASSERT_EQ(actual.shape(), Shape(expected.at("shape").get<std::vector<int64_t>>())) << what;
-  const std::vector<double> e = expected.at("data").get<std::vector<double>>();
-  int failures = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    const double a = actual.data<float>()[i];
-    const double tol = 1e-5 * std::fabs(e[i]) + 1e-6;
-    if (std::fabs(a - e[i]) > tol && ++failures <= 5) {
-      ADD_FAILURE() << what << "[" << i << "]: dtrain " << a << ", torch " << e[i];
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << e.size() << " differ";
+  testutil::expect_close_to_golden(actual, expected, what);
 }
 
 std::vector<int64_t> ints(const json& c, const char* key) {

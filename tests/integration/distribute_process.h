@@ -83,6 +83,16 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// TF_CONFIG of worker `index` of a cluster of workers on 127.0.0.1 at `ports`.
+inline std::string tf_config(const std::vector<int>& ports, int index) {
+  std::string workers;
+  for (size_t i = 0; i < ports.size(); ++i) {
+    workers += (i ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(ports[i]) + "\"";
+  }
+  return R"({"cluster": {"worker": [)" + workers + R"(]}, "task": {"type": "worker", "index": )" +
+         std::to_string(index) + "}}";
+}
+
 using testutil::free_port;      // a port that was free on 127.0.0.1 a moment ago
 using testutil::make_temp_dir;  // a fresh directory under /tmp; the caller removes it
 

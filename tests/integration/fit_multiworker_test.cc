@@ -21,15 +21,6 @@ std::vector<float> floats(const std::string& bytes) {
   return v;
 }
 
-std::string tf_config(const std::vector<int>& ports, int index) {
-  std::string workers;
-  for (size_t i = 0; i < ports.size(); ++i) {
-    workers += (i ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(ports[i]) + "\"";
-  }
-  return R"({"cluster": {"worker": [)" + workers + R"(]}, "task": {"type": "worker", "index": )" +
-         std::to_string(index) + "}}";
-}
-
 // Runs the worker program once per process; returns each process's output file contents.
 std::vector<std::string> run(const std::string& dir, const std::string& mode, int processes,
                              std::vector<std::string> extra = {}) {

@@ -16,15 +16,6 @@ namespace {
 
 const std::string kWorker = DTRAIN_FIT_WORKER;
 
-std::string tf_config(const std::vector<int>& ports, int index) {
-  std::string workers;
-  for (size_t i = 0; i < ports.size(); ++i) {
-    workers += (i ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(ports[i]) + "\"";
-  }
-  return R"({"cluster": {"worker": [)" + workers + R"(]}, "task": {"type": "worker", "index": )" +
-         std::to_string(index) + "}}";
-}
-
 std::vector<Process> start(const std::string& dir, const std::string& name, int workers,
                            const std::vector<std::string>& flags) {
   std::vector<int> ports;

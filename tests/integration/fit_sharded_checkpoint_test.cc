@@ -18,15 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kWorker = DTRAIN_FIT_WORKER;
 
-std::string tf_config(const std::vector<int>& ports, int index) {
-  std::string workers;
-  for (size_t i = 0; i < ports.size(); ++i) {
-    workers += (i ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(ports[i]) + "\"";
-  }
-  return R"({"cluster": {"worker": [)" + workers + R"(]}, "task": {"type": "worker", "index": )" +
-         std::to_string(index) + "}}";
-}
-
 // Runs `processes` fit workers (0: one process in single mode) with `flags`; expects each to
 // exit with `code`; returns their output files (the final variables).
 std::vector<std::string> run(const std::string& dir, const std::string& name, int processes,

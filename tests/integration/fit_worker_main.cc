@@ -81,7 +81,7 @@ struct Backup {
   int64_t batch_size = 32;          // --batch-size: the global batch
   size_t overlap_bucket_bytes = 0;  // 0: the all-reduce after backward
   bool cnn = false;
-  int shard = 0;  // --shard-optimizer-state: ZeRO stage
+  int shard = 0;         // --shard-optimizer-state: ZeRO stage
   bool sharded = false;  // --sharded-checkpoints 1
   int64_t exit_at_epoch = -1;
 };

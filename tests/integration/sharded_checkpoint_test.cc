@@ -29,15 +29,6 @@ using namespace std::chrono_literals;
 const std::string kWorker = DTRAIN_SHARDED_CHECKPOINT_WORKER;
 const std::string kParser = std::string(DTRAIN_SOURCE_DIR) + "/tools/tensor_bundle_parse.py";
 
-std::string tf_config(const std::vector<int>& ports, int index) {
-  std::string workers;
-  for (size_t i = 0; i < ports.size(); ++i) {
-    workers += (i ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(ports[i]) + "\"";
-  }
-  return "{\"cluster\": {\"worker\": [" + workers + "]}, \"task\": {\"type\": \"worker\", " +
-         "\"index\": " + std::to_string(index) + "}}";
-}
-
 struct Job {
   std::vector<int> codes;
   std::string logs;

@@ -24,6 +24,7 @@
 #include "dtrain/nn/pooling.h"
 #include "dtrain/nn/recurrent.h"
 #include "testutil/expect_throws.h"
+#include "testutil/golden.h"
 #include "testutil/gradcheck.h"
 #include "testutil/weights_gradcheck.h"
 
@@ -376,34 +377,10 @@ TEST(Masking, FunctionalPropagatesMasksThroughAttentionAndMerges) {
 
 using nlohmann::json;
 
-const json& mask_golden() {
-  static const json doc = [] {
-    const std::string path = DTRAIN_SOURCE_DIR "/tests/golden/mask_golden.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return json::parse(in);
-  }();
-  return doc;
-}
-
-Tensor tensor_of(const json& t) {
-  return Tensor::from_vector(t.at("data").get<std::vector<float>>(),
-                             Shape(t.at("shape").get<std::vector<int64_t>>()));
-}
-
+const json& mask_golden() { return testutil::golden_file("mask_golden.json"); }
+Tensor tensor_of(const json& t) { return testutil::golden_tensor(t); }
 void expect_close(const Tensor& actual, const json& expected, const std::string& what) {
-  ASSERT_TRUE(actual.defined()) << what;
-  ASSERT_EQ(actual.shape(), Shape(expected.at("shape").get<std::vector<int64_t>>())) << what;
-  const std::vector<double> e = expected.at("data").get<std::vector<double>>();
-  int failures = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    const double tol = 1e-5 * std::fabs(e[i]) + 1e-6;
-    if (std::fabs(actual.data<float>()[i] - e[i]) > tol && ++failures <= 5) {
-      ADD_FAILURE() << what << "[" << i << "]: dtrain " << actual.data<float>()[i] << ", torch "
-                    << e[i];
-    }
-  }
-  EXPECT_EQ(failures, 0) << what;
+  testutil::expect_close_to_golden(actual, expected, what);
 }
 
 TEST(MaskingGolden, MaskedLstmAndGruMatchTorch) {

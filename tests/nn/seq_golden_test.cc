@@ -15,44 +15,17 @@
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/nn/attention.h"
 #include "dtrain/nn/recurrent.h"
+#include "testutil/golden.h"
 
 namespace dtrain::nn {
 namespace {
 
 using nlohmann::json;
 
-constexpr double kRtol = 1e-5;
-constexpr double kAtol = 1e-6;
-
-const json& golden() {
-  static const json doc = [] {
-    const std::string path = DTRAIN_SOURCE_DIR "/tests/golden/seq_golden.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return json::parse(in);
-  }();
-  return doc;
-}
-
-Shape shape_of(const json& t) { return Shape(t.at("shape").get<std::vector<int64_t>>()); }
-
-Tensor tensor_of(const json& t) {
-  return Tensor::from_vector(t.at("data").get<std::vector<float>>(), shape_of(t));
-}
-
+const json& golden() { return testutil::golden_file("seq_golden.json"); }
+Tensor tensor_of(const json& t) { return testutil::golden_tensor(t); }
 void expect_close(const Tensor& actual, const json& expected, const std::string& what) {
-  ASSERT_TRUE(actual.defined()) << what << ": undefined";
-  ASSERT_EQ(actual.shape(), shape_of(expected)) << what;
-  const std::vector<double> e = expected.at("data").get<std::vector<double>>();
-  const float* a = actual.data<float>();
-  int failures = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    const double tol = kRtol * std::fabs(e[i]) + kAtol;
-    if (std::fabs(a[i] - e[i]) > tol && ++failures <= 5) {
-      ADD_FAILURE() << what << "[" << i << "]: dtrain " << a[i] << ", torch " << e[i];
-    }
-  }
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << e.size() << " elements differ";
+  testutil::expect_close_to_golden(actual, expected, what);
 }
 
 // Sets each weight of `layer` named "<layer>/<key>" from the golden weights.

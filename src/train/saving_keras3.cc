@@ -495,9 +495,10 @@ std::unique_ptr<nn::Model> load_keras3_archive(const std::string& path,
                ": config.json is not a serialized Keras model ({\"class_name\", \"config\", ...})");
   const std::string cls = config["class_name"].get<std::string>();
   if (cls != "Sequential" && cls != "Functional" && cls != "GPT") {
-    throw UnimplementedError(str_cat("load_model: ", path, ": config.json holds a ", cls,
-                                     " model; dtrain loads Sequential, Functional and GPT models from "
-                                     ".keras files (other subclassed models are not supported)"));
+    throw UnimplementedError(
+        str_cat("load_model: ", path, ": config.json holds a ", cls,
+                " model; dtrain loads Sequential, Functional and GPT models from "
+                ".keras files (other subclassed models are not supported)"));
   }
   std::unique_ptr<nn::Model> model;
   try {

@@ -24,7 +24,7 @@ d_tps=() t_tps=()
 for r in $(seq "$rounds"); do
   # Three epochs of `steps` steps; the first (warm-up) epoch is not counted.
   "$dtrain" fit --arch gpt --corpus "$corpus" --context $ctx --layers $layers --d-model $d \
-    --heads $heads --batch-size $batch --optimizer adamw --learning-rate 3e-4 \
+    --heads $heads --batch-size $batch --optimizer adamw --learning-rate 3e-4 --global-clipnorm 1.0 \
     --validation-split 0 --epochs 3 --steps-per-epoch "$steps" --threads "$threads" --seed 0 \
     --verbose 2 > "$tmp/dtrain.$r" 2>&1
   epoch=$(dtrain_epoch "$tmp/dtrain.$r")

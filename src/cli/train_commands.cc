@@ -43,6 +43,7 @@ struct TrainFlags {
   int batch_size = 32;
   std::string optimizer = "adam";
   double learning_rate = -1;
+  double global_clipnorm = 0;  // 0: no clipping
   std::optional<uint64_t> seed;
   int threads = 0;
   int verbose = -1;
@@ -190,6 +191,12 @@ std::unique_ptr<nn::Model> make_model(const ModelFlags& f, const Data& d) {
 // Keras CNN) get the channel axis, as Keras users write x[..., None].
 std::shared_ptr<optim::Optimizer> make_optimizer(const TrainFlags& f) {
   std::shared_ptr<optim::Optimizer> opt = optim::optimizer_from_name(f.optimizer);
+  if (f.global_clipnorm > 0) {
+    // Keras's global_clipnorm argument, through the optimizer's config (as Keras would rebuild it).
+    optim::OptimizerConfig config = opt->get_config();
+    config.hyperparameters.emplace_back("global_clipnorm", f.global_clipnorm);
+    opt = optim::optimizer_from_config(config);
+  }
   if (f.learning_rate > 0) opt->set_learning_rate(static_cast<float>(f.learning_rate));
   return opt;
 }
@@ -295,6 +302,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   fit->add_option("--learning-rate", train_flags.learning_rate,
                   "Learning rate (default: the optimizer's Keras default)")
+      ->check(finite_positive());
+  fit->add_option("--global-clipnorm", train_flags.global_clipnorm,
+                  "Clip the gradients by their global norm, as Keras's global_clipnorm "
+                  "(default: no clipping)")
       ->check(finite_positive());
   fit->add_option("--steps-per-epoch", train_flags.steps_per_epoch,
                   "Batches per epoch (default: one pass)")

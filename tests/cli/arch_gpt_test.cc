@@ -43,6 +43,24 @@ TEST(ArchGpt, FitsWithValidationAndSavesTheTokenizer) {
   EXPECT_TRUE(contains(list.output, "assets/tokenizer/tokenizer.json")) << list.output;
 }
 
+// --global-clipnorm is Keras's global_clipnorm: saved in the optimizer's config; bad values are
+// usage errors.
+TEST(ArchGpt, GlobalClipnormIsTheOptimizers) {
+  dtrain::testutil::TempDir dir("arch_gpt_clip");
+  const std::string corpus = write_corpus(dir.path());
+  const std::string keras = dir.path() + "/lm.keras";
+  auto r = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny +
+                      " --optimizer adamw --global-clipnorm 0.5 --save " + keras);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto config = dtrain::testutil::run_shell("unzip -p " + keras + " config.json");
+  EXPECT_TRUE(contains(config.output, "\"global_clipnorm\":0.5")) << config.output;
+  for (const char* bad : {"0", "-1", "nan"}) {
+    r = run_dtrain("fit --arch gpt --corpus " + corpus + " --global-clipnorm " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.output;
+    EXPECT_TRUE(contains(r.output, "--global-clipnorm")) << r.output;
+  }
+}
+
 TEST(ArchGpt, MirroredReplicasWithCheckpoints) {
   dtrain::testutil::TempDir dir("arch_gpt_mirrored");
   const std::string corpus = write_corpus(dir.path());

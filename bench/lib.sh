@@ -72,3 +72,24 @@ row() {
   printf '%-44s %10s %10s %12s\n' "$1" "$(get "$2" "$last_d")" "$(get "$2" "$last_t")" "$(get "$2" "$last_f")"
 }
 header() { printf '%-44s %10s %10s %12s\n' "metric" "dtrain" "pytorch" "pytorch+ftz"; }
+
+# side_by_side BIN TORCH_SCRIPT EPOCHS ROUNDS: runs dtrain's BIN and TORCH_SCRIPT (as it comes,
+# then with flush_denormal) alternately for ROUNDS rounds, so that machine noise hits all alike.
+# Sets d, t, f (median epoch seconds of dtrain, PyTorch, PyTorch + flush_denormal), the arrays
+# d_epochs, t_epochs, f_epochs (per round) and last_d, last_t, last_f (the last round's outputs).
+side_by_side() {
+  local bin="$1" script="$2" epochs="$3" rounds="$4" r
+  d_epochs=() t_epochs=() f_epochs=()
+  for r in $(seq "$rounds"); do
+    "$bin" "$epochs" 1 > "$tmp/dtrain.$r"
+    /usr/bin/python3 "$script" "$epochs" 1 0 > "$tmp/torch.$r"
+    /usr/bin/python3 "$script" "$epochs" 1 1 > "$tmp/torchftz.$r"
+    d_epochs+=("$(get epoch_seconds_median "$tmp/dtrain.$r")")
+    t_epochs+=("$(get epoch_seconds_median "$tmp/torch.$r")")
+    f_epochs+=("$(get epoch_seconds_median "$tmp/torchftz.$r")")
+  done
+  d=$(median "${d_epochs[@]}")
+  t=$(median "${t_epochs[@]}")
+  f=$(median "${f_epochs[@]}")
+  last_d="$tmp/dtrain.$rounds" last_t="$tmp/torch.$rounds" last_f="$tmp/torchftz.$rounds"
+}

@@ -12,20 +12,7 @@ epochs="${1:-4}"
 rounds="${2:-3}"
 bin="${BUILD_DIR:-build}/bench/bench_mlp_epoch"
 need_binary "$bin"
-d_epochs=() t_epochs=() f_epochs=()
-# Alternate the programs so that machine noise hits all alike.
-for r in $(seq "$rounds"); do
-  "$bin" "$epochs" 1 > "$tmp/dtrain.$r"
-  /usr/bin/python3 bench/torch_mlp_epoch.py "$epochs" 1 0 > "$tmp/torch.$r"
-  /usr/bin/python3 bench/torch_mlp_epoch.py "$epochs" 1 1 > "$tmp/torchftz.$r"
-  d_epochs+=("$(get epoch_seconds_median "$tmp/dtrain.$r")")
-  t_epochs+=("$(get epoch_seconds_median "$tmp/torch.$r")")
-  f_epochs+=("$(get epoch_seconds_median "$tmp/torchftz.$r")")
-done
-d=$(median "${d_epochs[@]}")
-t=$(median "${t_epochs[@]}")
-f=$(median "${f_epochs[@]}")
-last_d="$tmp/dtrain.$rounds" last_t="$tmp/torch.$rounds" last_f="$tmp/torchftz.$rounds"
+side_by_side "$bin" bench/torch_mlp_epoch.py "$epochs" "$rounds"
 print_machine
 header
 printf '%-44s %10s %10s %12s\n' "epoch seconds (median of rounds)" "$d" "$t" "$f"

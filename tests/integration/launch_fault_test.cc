@@ -215,7 +215,9 @@ TEST_F(LaunchFaultTest, AWorkerKilledWithSigkillRestartsTheGroupAndTheJobComplet
 
 TEST_F(LaunchFaultTest, AStoppedWorkerIsCaughtByTheWatchdogWithItsStacks) {
   Launcher l(args({"--nproc-per-node", "2", "--max-restarts", "1", "--watchdog-timeout", "1.5",
-                   "--heartbeat-timeout", "0", "--stack-timeout", "5"},
+                   // gdb may need long to attach on a loaded machine; it returns as soon as
+                   // it has the backtraces, so a generous limit costs nothing when quiet.
+                   "--heartbeat-timeout", "0", "--stack-timeout", "30"},
                   {"--steps", "50", "--step-ms", "20", "--collective"}),
              dir_ / "out");
   const pid_t victim = worker_pid(l, 1, 1);

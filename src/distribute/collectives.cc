@@ -32,11 +32,11 @@ namespace {
 // With two workers, buffers up to this size go through AllreduceRing (one send and one receive
 // of the whole buffer: the lowest latency); larger ones through gloo::allreduce.
 constexpr size_t kSmallRingBytes = size_t{1} << 20;
-// Of those, buffers up to this size run on busy-polling pairs (see Impl::sync_context). In sync
+// Of those, buffers up to this size run on sync-mode pairs (see Impl::sync_context). In sync
 // mode both ranks write before they read, so a buffer must fit what the sockets absorb;
-// 1 MiB passes on loopback (CollectivesTest.BusyPollRingCompletesUpToItsLargestBuffer), and
-// half of that keeps a margin on real networks. DTRAIN_GLOO_NO_BUSY_POLL=1 turns it off.
-constexpr size_t kBusyPollBytes = size_t{512} << 10;
+// 1 MiB passes on loopback (CollectivesTest.SyncPairRingCompletesUpToItsLargestBuffer), and
+// half of that keeps a margin on real networks. DTRAIN_GLOO_NO_BUSY_POLL=1 turns them off.
+constexpr size_t kSyncPairBytes = size_t{512} << 10;
 
 bool supported_reduce_dtype(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64;
@@ -146,10 +146,14 @@ struct Collectives::Impl {
   std::vector<PeerInfo> peers;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
-  // Two workers only: a second full mesh whose pairs busy-poll (Gloo's sync mode), used for the
-  // small old-style ring. The training thread then does the socket I/O itself instead of handing
+  // Two workers only: a second full mesh whose pairs are in Gloo's sync mode, used for the small
+  // old-style ring. The training thread then does the socket I/O itself instead of handing
   // every message through Gloo's event-loop thread, which on a 2-core machine costs as much CPU
-  // as the training. Null when not used.
+  // as the training. Its reads block (the socket's receive timeout is the collective timeout)
+  // unless DTRAIN_GLOO_BUSY_POLL=1 makes them spin: spinning saves a wake-up per message when
+  // every worker has a core to itself, and starves the peer when the cores are shared (the
+  // 2-worker test job: 11 s spinning against 1.0 s blocking at load 12 on 2 cores; see
+  // docs/decisions.md). Null when not used.
   std::shared_ptr<gloo::rendezvous::Context> sync_context;
   std::vector<Bucket> buckets;
   Bucket scalar_bucket;
@@ -236,7 +240,7 @@ struct Collectives::Impl {
     if (!bucket->algo || bucket->algo_ptr != ptr || bucket->count != count || bucket->dtype != d ||
         bucket->algorithm != a) {
       const bool sync = sync_context != nullptr && a == AllreduceAlgorithm::kRing &&
-                        count * dtype_size(d) <= kBusyPollBytes;
+                        count * dtype_size(d) <= kSyncPairBytes;
       bucket->algo = make_old_style(sync ? sync_context : context, a, d, ptr, count);
       bucket->algo_ptr = ptr;
       bucket->count = count;
@@ -315,10 +319,12 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
             std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
         impl->sync_context->setTimeout(options.timeout);
         GlooStoreAdapter sync_adapter(
-            std::make_shared<PrefixKeyValueStore>(rdzv.store, "busy_poll/"), options.timeout);
+            std::make_shared<PrefixKeyValueStore>(rdzv.store, "sync_pairs/"), options.timeout);
         impl->sync_context->connectFullMesh(sync_adapter, dev);
+        const char* busy = std::getenv("DTRAIN_GLOO_BUSY_POLL");
+        const bool busy_poll = busy != nullptr && std::string(busy) == "1";
         for (int i = 0; i < options.world_size; ++i) {
-          if (i != options.rank) impl->sync_context->getPair(i)->setSync(true, true);
+          if (i != options.rank) impl->sync_context->getPair(i)->setSync(true, busy_poll);
         }
       }
     } catch (const dtrain::Error&) {

@@ -119,25 +119,30 @@ TEST(CollectivesTest, MeanScalarBroadcastGatherBarrier) {
   });
 }
 
-// Two workers run buffers up to 512 KiB on busy-polling pairs (Gloo's sync mode, where both
+// Two workers run buffers up to 512 KiB on sync-mode pairs (Gloo's sync mode, where both
 // ranks write before reading) and larger ones up to 1 MiB on the event-loop pairs: sizes on
 // both sides of that line (the MLP's 101,770 floats among them) complete and agree.
-TEST(CollectivesTest, BusyPollRingCompletesUpToItsLargestBuffer) {
-  for (int64_t n : {int64_t{25000}, int64_t{101770}, int64_t{200000}, int64_t{262144}}) {
-    std::vector<std::vector<float>> results(2);
-    run_ranks(2,
-              [&](int rank, Collectives& c) {
-                std::vector<Tensor> ts{Tensor::from_vector<float>(rank_values(rank, n), {n})};
-                for (int round = 0; round < 3; ++round) c.all_reduce(ts, ReduceOp::kSum);
-                results[rank] = ts[0].to_vector<float>();
-              },
-              {.timeout = 20s});
-    ASSERT_EQ(results[0].size(), static_cast<size_t>(n));
-    EXPECT_EQ(results[0], results[1]) << n;
-    // Three rounds of (v0 + v1): 4 × (v0 + v1) after the second and third doublings.
-    const std::vector<float> v0 = rank_values(0, n), v1 = rank_values(1, n);
-    EXPECT_FLOAT_EQ(results[0][n - 1], 4.0f * (v0[n - 1] + v1[n - 1])) << n;
+TEST(CollectivesTest, SyncPairRingCompletesUpToItsLargestBuffer) {
+  // Blocking reads (the default) and busy-polling ones (DTRAIN_GLOO_BUSY_POLL=1).
+  for (const char* busy_poll : {"0", "1"}) {
+    setenv("DTRAIN_GLOO_BUSY_POLL", busy_poll, 1);
+    for (int64_t n : {int64_t{25000}, int64_t{101770}, int64_t{200000}, int64_t{262144}}) {
+      std::vector<std::vector<float>> results(2);
+      run_ranks(2,
+                [&](int rank, Collectives& c) {
+                  std::vector<Tensor> ts{Tensor::from_vector<float>(rank_values(rank, n), {n})};
+                  for (int round = 0; round < 3; ++round) c.all_reduce(ts, ReduceOp::kSum);
+                  results[rank] = ts[0].to_vector<float>();
+                },
+                {.timeout = 20s});
+      ASSERT_EQ(results[0].size(), static_cast<size_t>(n));
+      EXPECT_EQ(results[0], results[1]) << n << " busy poll " << busy_poll;
+      // Three rounds of (v0 + v1): 4 × (v0 + v1) after the second and third doublings.
+      const std::vector<float> v0 = rank_values(0, n), v1 = rank_values(1, n);
+      EXPECT_FLOAT_EQ(results[0][n - 1], 4.0f * (v0[n - 1] + v1[n - 1])) << n;
+    }
   }
+  unsetenv("DTRAIN_GLOO_BUSY_POLL");
 }
 
 TEST(CollectivesTest, SingleWorkerIsLocal) {

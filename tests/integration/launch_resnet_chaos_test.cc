@@ -12,10 +12,9 @@
 #include <chrono>
 #include <filesystem>
 #include <random>
-#include <sstream>
 #include <thread>
 
-#include "distribute_process.h"
+#include "chaos.h"
 #include "dtrain/checkpoint/keras_v3.h"
 #include "testutil/idx_files.h"
 
@@ -25,24 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace ck = dtrain::checkpoint;
 const std::string kDtrain = DTRAIN_BINARY;
-
-// Pids of the direct children of `parent`.
-std::vector<pid_t> children(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_file((e.path() / "stat").string());
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent && state != 'Z') out.push_back(std::stoi(name));
-  }
-  return out;
-}
 
 // 128 4×4 images, global batch 16: 8 steps an epoch, 200 steps in all.
 std::vector<std::string> job(const std::string& dir, const std::string& save, bool backups) {
@@ -83,16 +64,12 @@ std::vector<std::string> job(const std::string& dir, const std::string& save, bo
   return a;
 }
 
-std::string tail(const std::string& log) {
-  return log.substr(log.size() > 6000 ? log.size() - 6000 : 0);
-}
-
 TEST(LaunchResnetChaos, RandomWorkerKillsResumeToTheSameBits) {
   const std::string dir = make_temp_dir();
   testutil::write_small_idx(dir, 128);
   const auto start = std::chrono::steady_clock::now();
   Process ref = spawn(job(dir, dir + "/ref.keras", false), {}, dir + "/ref.log");
-  ASSERT_EQ(wait_for(ref, start + std::chrono::seconds(120)), 0) << tail(read_file(ref.log));
+  ASSERT_EQ(wait_for(ref, start + std::chrono::seconds(120)), 0) << log_tail(read_file(ref.log));
   const double ref_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const ck::KerasV3Contents want = ck::read_keras_v3(dir + "/ref.keras");
@@ -104,32 +81,23 @@ TEST(LaunchResnetChaos, RandomWorkerKillsResumeToTheSameBits) {
   while (!fs::exists(dir + "/ckpt/checkpoint") && std::chrono::steady_clock::now() < first_backup) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ASSERT_TRUE(fs::exists(dir + "/ckpt/checkpoint")) << tail(read_file(dir + "/chaos.log"));
-  std::mt19937 rng(1212);
+  ASSERT_TRUE(fs::exists(dir + "/ckpt/checkpoint")) << log_tail(read_file(dir + "/chaos.log"));
   // Each kill comes 10% to 45% of an uninterrupted run after the previous one.
-  std::uniform_real_distribution<double> fraction(0.10, 0.45);
-  int kills = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(200);
-  while (kills < 3 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(
-        std::chrono::milliseconds(static_cast<int64_t>(fraction(rng) * ref_ms)));
-    int status = 0;
-    if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
-      p.pid = -1;
-      break;  // the job finished before all kills: checked below
-    }
-    const std::vector<pid_t> workers = children(p.pid);
-    if (workers.empty()) continue;  // between generations
-    const pid_t victim = workers[std::uniform_int_distribution<size_t>(0, workers.size() - 1)(rng)];
-    if (kill(victim, SIGKILL) == 0) ++kills;
-  }
-  const int code =
-      p.pid > 0 ? wait_for(p, std::chrono::steady_clock::now() + std::chrono::seconds(180)) : 0;
+  const KillResult r = kill_random_workers(
+      p, {.max_kills = 3,
+          .delay =
+              [ref_ms](std::mt19937& rng) {
+                return std::chrono::milliseconds(static_cast<int64_t>(
+                    std::uniform_real_distribution<double>(0.10, 0.45)(rng) * ref_ms));
+              },
+          .seed = 1212});
+  const int kills = r.kills;
+  const int code = finish(p, r, std::chrono::seconds(180));
   const std::string log = read_file(dir + "/chaos.log");
-  ASSERT_EQ(code, 0) << tail(log);
+  ASSERT_EQ(code, 0) << log_tail(log);
   std::printf("%d worker kills\n", kills);
   EXPECT_GE(kills, 1) << "the job finished before any kill";
-  EXPECT_NE(log.find("BackupAndRestore: resumed from"), std::string::npos) << tail(log);
+  EXPECT_NE(log.find("BackupAndRestore: resumed from"), std::string::npos) << log_tail(log);
 
   const ck::KerasV3Contents got = ck::read_keras_v3(dir + "/chaos.keras");
   EXPECT_EQ(got.config_json, want.config_json);

@@ -1,0 +1,89 @@
+// Helpers of the chaos tests: the workers a launcher has running, and a loop that SIGKILLs a
+// random one of them at random moments until enough kills have landed or the job ends.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distribute_process.h"
+
+namespace dtrain::testing {
+
+// Pids of the direct children of `parent` that are not zombies.
+inline std::vector<pid_t> children(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_file((e.path() / "stat").string());
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && state != 'Z') out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+struct KillLoop {
+  int max_kills = 20;
+  // The wait before each kill, drawn from the loop's generator.
+  std::function<std::chrono::milliseconds(std::mt19937&)> delay;
+  std::chrono::seconds limit{200};  // no kill is attempted after this
+  uint32_t seed = 1;
+};
+
+struct KillResult {
+  int kills = 0;
+  // The launcher's exit status when it exited during the loop (its exit code, or 128 + signal);
+  // -1 while it still runs.
+  int exit_code = -1;
+};
+
+// SIGKILLs a random worker of the launcher `launcher` after each delay, until `loop.max_kills`
+// kills have landed, the limit passes or the launcher exits (then launcher.pid becomes -1 and
+// the result holds its exit status). Between generations, when the launcher has no workers, a
+// turn passes without a kill.
+inline KillResult kill_random_workers(Process& launcher, const KillLoop& loop) {
+  std::mt19937 rng(loop.seed);
+  KillResult r;
+  const auto deadline = std::chrono::steady_clock::now() + loop.limit;
+  while (r.kills < loop.max_kills && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(loop.delay(rng));
+    int status = 0;
+    if (waitpid(launcher.pid, &status, WNOHANG) == launcher.pid) {
+      launcher.pid = -1;
+      r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    const std::vector<pid_t> workers = children(launcher.pid);
+    if (workers.empty()) continue;
+    const pid_t victim = workers[std::uniform_int_distribution<size_t>(0, workers.size() - 1)(rng)];
+    if (kill(victim, SIGKILL) == 0) ++r.kills;
+  }
+  return r;
+}
+
+// Waits for the launcher after the kill loop: its exit status (-1 if it ran past `limit`).
+inline int finish(Process& launcher, const KillResult& r, std::chrono::seconds limit) {
+  if (launcher.pid < 0) return r.exit_code;
+  return wait_for(launcher, std::chrono::steady_clock::now() + limit);
+}
+
+// The last 6000 characters of a log, for failure messages.
+inline std::string log_tail(const std::string& log) {
+  return log.substr(log.size() > 6000 ? log.size() - 6000 : 0);
+}
+
+}  // namespace dtrain::testing

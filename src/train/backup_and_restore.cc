@@ -195,9 +195,12 @@ void BackupAndRestore::on_train_begin(const Logs&) {
 void BackupAndRestore::backup() {
   DTRAIN_CHECK(state_ != nullptr, "BackupAndRestore::backup: fit() has not started");
   State& st = *state_;
-  if (!st.writer && !st.sharded) return;
   TrainingState& ts = state_of(*model(), "BackupAndRestore::backup");
   DTRAIN_CHECK(ts.loop != nullptr, "BackupAndRestore::backup: fit() is not running");
+  // Every worker, writer or not, at the same steps: sharded optimizer slots are gathered, and
+  // the checks below see the same (mirrored) values everywhere, so every worker retries at the
+  // same next step after a skipped backup.
+  ts.loop->before_checkpoint();
   // Never write a poisoned state: a backup must be something worth rolling back to.
   for (Variable* v : model()->weights()) {
     if (!ops::all_finite(v->tensor())) {
@@ -212,6 +215,10 @@ void BackupAndRestore::backup() {
                 << "' has non-finite values\n";
       return;
     }
+  }
+  if (!st.writer && !st.sharded) {
+    steps_since_backup_ = 0;
+    return;
   }
   capture();
   const auto start = std::chrono::steady_clock::now();

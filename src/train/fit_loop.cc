@@ -247,12 +247,17 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
   return true;
 }
 
+void FitLoop::before_checkpoint() {
+  if (step_begun_) step_->before_checkpoint();
+}
+
 void FitLoop::on_skipped_step(int64_t epoch, int64_t step) {
   ++nonfinite_in_a_row_;
   std::cerr << "fit: non-finite loss or gradients at epoch " << epoch + 1 << " step " << step + 1
             << "; update skipped (" << nonfinite_in_a_row_ << " in a row)\n";
   if (nonfinite_in_a_row_ < options_.rollback_after_nonfinite) return;
   bool restored = false;
+  before_checkpoint();  // full-size slots to restore into
   for (const auto& cb : callbacks_) restored = cb->restore_last_good() || restored;
   std::cerr << (restored ? "fit: rolled back to the last good checkpoint\n"
                          : "fit: no checkpoint to roll back to (use save_checkpoints)\n");

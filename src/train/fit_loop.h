@@ -44,6 +44,9 @@ class FitLoop {
   // Seconds the last backup kept the loop waiting (reported as epoch_checkpoint_save_seconds).
   void set_checkpoint_seconds(double seconds) { checkpoint_seconds_ = seconds; }
   double checkpoint_seconds() const { return checkpoint_seconds_; }
+  // For the callbacks that checkpoint, on every worker at the same step before they capture the
+  // state: TrainStep::before_checkpoint (under sharded optimizer state, a collective).
+  void before_checkpoint();
 
  private:
   void begin_training();

@@ -9,6 +9,7 @@
 #include "dtrain/core/error.h"
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/train/backup_and_restore.h"
+#include "fit_loop.h"
 #include "training_state.h"
 
 namespace dtrain::train {
@@ -91,6 +92,7 @@ void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
   const int64_t step = ts.optimizer->iterations();
   if (step == last_ || step % every_ != 0) return;
   last_ = step;
+  ts.loop->before_checkpoint();
   backups.capture();
   // Numbered by the global step, so that every worker's snapshot of one step has one name.
   manager_->save(step, /*check_interval=*/false);

@@ -32,7 +32,6 @@ class ReplicatedStep final : public TrainStep {
         s_(s),
         st_(*s.strategy),
         skip_nonfinite_(options.skip_nonfinite),
-        save_checkpoints_(options.save_checkpoints),
         verify_sync_every_(options.verify_sync_every) {}
 
   void begin() override {
@@ -57,11 +56,6 @@ class ReplicatedStep final : public TrainStep {
     update_ = [this](int r, int parts) { s_.optimizer->update_part(out_, trainable_, r, parts); };
     sharded_ = st_.make_sharded_update(trainable_, extra_, *s_.optimizer);
     if (sharded_) {
-      if (save_checkpoints_) {
-        throw FailedPreconditionError(
-            "fit: checkpoints (save_checkpoints, dtrain fit --checkpoint-dir) of sharded optimizer "
-            "state (shard_optimizer_state) are not written yet; train without one of them");
-      }
       // Each worker holds only its rows' slots now: compare the variables and the step count.
       if (verify_sync_every_ > 0) {
         sync_vars_ = model_.weights();
@@ -177,6 +171,12 @@ class ReplicatedStep final : public TrainStep {
     if (sharded_) sharded_->gather_slots();
   }
 
+  // A checkpoint's object graph asks the optimizer for every variable's slots: gather them
+  // (every worker backs up and snapshots at the same steps); the next reduce() shards them.
+  void before_checkpoint() override {
+    if (sharded_) sharded_->gather_slots();
+  }
+
  private:
   // The ZeRO step: the gradients summed into this worker's shard, the flags and moving
   // statistics everywhere; the update of its rows; the variables all-gathered.
@@ -239,7 +239,6 @@ class ReplicatedStep final : public TrainStep {
   TrainingState& s_;
   distribute::Strategy& st_;
   const bool skip_nonfinite_;
-  const bool save_checkpoints_;
   // Every this many steps, compare a checksum of every variable across workers (FitOptions).
   const int64_t verify_sync_every_;
   std::vector<Variable*> sync_vars_;

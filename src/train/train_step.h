@@ -73,6 +73,11 @@ class TrainStep {
   virtual void sync_model() {}
   // After the last epoch (the parameter-server chief releases its workers).
   virtual void end(int /*verbose*/) {}
+  // On every worker at the same step, before the training state is captured (a backup, an
+  // in-memory snapshot) or restored into the live objects (a rollback): makes the optimizer
+  // hold full-size slots. Under sharded optimizer state that is an all-gather of the slots
+  // (a collective); the next step shards them again.
+  virtual void before_checkpoint() {}
   // The callback that backs the training state up for fit(save_checkpoints = true).
   virtual std::shared_ptr<Callback> make_backup(const FitOptions& options);
 };

@@ -37,7 +37,7 @@ void validate_launch_options(const LaunchOptions& o) {
   DTRAIN_CHECK(!o.command.empty(), "launch: no program to run (dtrain launch ... -- PROGRAM ARGS)");
   DTRAIN_CHECK(o.rdzv != "coordinator" || o.max_nodes == 1, "launch: with --nnodes ", o.max_nodes,
                ", --rdzv must be host:port of node 0 (where it hosts the coordination service), "
-               "file:///shared/dir or redis://host:port");
+               "file:///shared/dir, redis://host:port or etcd://host:port[,host:port...]");
   DTRAIN_CHECK(o.rdzv_timeout_s > 0 && o.grace_period_s >= 0,
                "launch: --rdzv-timeout must be > 0 and --grace-period >= 0");
   DTRAIN_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be >= 0, got ", o.max_restarts);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -95,6 +96,11 @@ class EtcdCoordinationState final : public CoordinationBackend {
         k_current_(prefix_ + "round/current") {
     std::random_device rd;
     nonce_ = str_cat(::getpid(), "-", rd(), "-", rd());
+    watcher_ = std::thread([this] { watch_heartbeats(); });
+  }
+  ~EtcdCoordinationState() override {
+    stop();
+    watcher_.join();
   }
 
   void set(const std::string& key, std::string value) override {
@@ -187,23 +193,22 @@ class EtcdCoordinationState final : public CoordinationBackend {
 
   int64_t heartbeat(const std::string& task) override {
     check_running();
-    store_.set(prefix_ + "hb/" + task, str_cat(nonce_, ":", beats_.fetch_add(1)));
+    const std::string beat = str_cat(nonce_, ":", beats_.fetch_add(1));
+    store_.set(prefix_ + "hb/" + task, beat);
+    {
+      std::lock_guard lock(mu_);
+      seen_beats_.insert_or_assign(task, std::make_pair(beat, Clock::now()));
+    }
     return parse_membership(store_.read(k_current_).value).generation;
   }
 
   std::map<std::string, milliseconds> heartbeat_ages() const override {
-    const std::string hb = prefix_ + "hb/";
-    const auto beats = store_.get_prefix(hb);
+    observe_heartbeats();
     const auto now = Clock::now();
     std::lock_guard lock(mu_);
     std::map<std::string, milliseconds> ages;
-    for (const auto& [key, value] : beats) {
-      const std::string task = key.substr(hb.size());
-      auto it = seen_beats_.find(task);
-      if (it == seen_beats_.end() || it->second.first != value) {
-        it = seen_beats_.insert_or_assign(task, std::make_pair(value, now)).first;
-      }
-      ages[task] = std::chrono::duration_cast<milliseconds>(now - it->second.second);
+    for (const auto& [task, seen] : seen_beats_) {
+      ages[task] = std::chrono::duration_cast<milliseconds>(now - seen.second);
     }
     return ages;
   }
@@ -302,9 +307,47 @@ class EtcdCoordinationState final : public CoordinationBackend {
     return out;
   }
 
-  void stop() override { stopped_ = true; }
+  void stop() override {
+    {
+      std::lock_guard lock(mu_);
+      stopped_ = true;
+    }
+    stop_cv_.notify_all();
+  }
 
  private:
+  // Reads every heartbeat; a beat whose value changed since the last read is fresh now.
+  void observe_heartbeats() const {
+    const std::string hb = prefix_ + "hb/";
+    const auto beats = store_.get_prefix(hb);
+    const auto now = Clock::now();
+    std::lock_guard lock(mu_);
+    for (const auto& [key, value] : beats) {
+      const std::string task = key.substr(hb.size());
+      auto it = seen_beats_.find(task);
+      if (it == seen_beats_.end() || it->second.first != value) {
+        seen_beats_.insert_or_assign(task, std::make_pair(value, now));
+      }
+    }
+  }
+
+  // Other services' beats are seen changing within kWatchPeriod, however rarely this service
+  // is asked for the ages.
+  void watch_heartbeats() {
+    static constexpr milliseconds kWatchPeriod{100};
+    std::unique_lock lock(mu_);
+    while (!stopped_) {
+      lock.unlock();
+      try {
+        observe_heartbeats();
+      } catch (const Error&) {
+        // etcd unreachable for now: the ages grow, which is what a lost service looks like.
+      }
+      lock.lock();
+      stop_cv_.wait_for(lock, kWatchPeriod, [&] { return stopped_.load(); });
+    }
+  }
+
   void check_running() const {
     if (stopped_) throw UnavailableError("coordination service is shutting down");
   }
@@ -321,8 +364,10 @@ class EtcdCoordinationState final : public CoordinationBackend {
   std::atomic<uint64_t> beats_{0};
   std::atomic<bool> stopped_{false};
   mutable std::mutex mu_;
+  std::condition_variable stop_cv_;  // wakes the watcher at stop()
   // Per task: the last beat value seen and when it was first seen; guarded by mu_.
   mutable std::map<std::string, std::pair<std::string, Clock::time_point>> seen_beats_;
+  std::thread watcher_;  // watch_heartbeats(), until stop()
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "dtrain/summary/event_log.h"
 #include "testutil/etcd_server.h"
+#include "testutil/free_port.h"
 #include "testutil/launcher_process.h"
 
 namespace {
@@ -132,6 +133,32 @@ TEST_F(LaunchEtcdTest, TheJobSurvivesKillingTheLauncherThatStartedFirst) {
   EXPECT_NE(r1.output.find("DONE rank 1 world 2 gen "), std::string::npos) << r1.output;
   EXPECT_NE(r1.output.find(" step " + std::to_string(kSteps)), std::string::npos) << r1.output;
   EXPECT_NE(r0.output.find("DONE rank 0 world 2 gen "), std::string::npos) << r0.output;
+}
+
+// No etcd at the URL: the launcher says so, naming the endpoint, and exits with UNAVAILABLE (5)
+// after the store's connect timeout instead of waiting for --rdzv-timeout; a malformed URL is a
+// usage error naming it.
+TEST(LaunchEtcdErrorsTest, UnreachableEtcdIsAClearErrorNotAHang) {
+  const std::string dir = dtrain::testutil::make_temp_dir("dtrain_launch_etcd_down");
+  const std::string endpoint = "127.0.0.1:" + std::to_string(dtrain::testutil::free_port());
+  const std::vector<std::string> job = {"--nnodes",       "1:2", "--node-rank",    "0",
+                                        "--max-restarts", "1",   "--rdzv-timeout", "600",
+                                        "--rdzv"};
+  std::vector<std::string> down = job;
+  down.insert(down.end(), {"etcd://" + endpoint, "--", "true"});
+  Launcher l(down, dir + "/out");
+  const Outcome r = l.wait(120s);
+  EXPECT_EQ(r.code, 5) << r.output;
+  EXPECT_NE(r.output.find("UNAVAILABLE"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(endpoint), std::string::npos) << r.output;
+
+  std::vector<std::string> bad = job;
+  bad.insert(bad.end(), {"etcd://h:port", "--", "true"});
+  Launcher m(bad, dir + "/out2");
+  const Outcome rm = m.wait(60s);
+  EXPECT_EQ(rm.code, 2) << rm.output;
+  EXPECT_NE(rm.output.find("'etcd://h:port'"), std::string::npos) << rm.output;
+  fs::remove_all(dir);
 }
 
 }  // namespace

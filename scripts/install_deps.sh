@@ -8,7 +8,7 @@ packages=(
   libopenblas-dev zlib1g-dev nlohmann-json3-dev libcli11-dev libdnnl-dev
   libleveldb-dev libsnappy-dev libhdf5-dev libzip-dev
   libgloo-dev libhiredis-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  redis-server iproute2
+  redis-server etcd-server etcd-client iproute2
   libgtest-dev libgmock-dev libbenchmark-dev
   libsentencepiece-dev
   dataset-fashion-mnist fortunes

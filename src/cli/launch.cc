@@ -59,7 +59,8 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--rdzv", options.rdzv,
                   "Rendezvous: 'coordinator' (a service inside this launcher; one node), "
                   "host:port (node 0 hosts the service there, the others join it), "
-                  "file:///shared/dir or redis://host:port (workers' Gloo store)")
+                  "file:///shared/dir, redis://host:port or etcd://host:port[,host:port...] "
+                  "(workers' Gloo store)")
       ->capture_default_str();
   cmd->add_option("--rdzv-timeout", options.rdzv_timeout_s,
                   "Seconds to wait for the service and for the nodes of each rendezvous")

@@ -1,6 +1,6 @@
-// CoordinationServer: the gRPC service over CoordinationState. Handlers run on gRPC's
-// synchronous-server threads (one per in-flight call, created on demand), so a call blocked in
-// get / barrier / join holds one thread and blocks nobody else. Thread-safe.
+// CoordinationServer: the gRPC service over a CoordinationBackend (in memory, or in etcd). Handlers
+// run on gRPC's synchronous-server threads (one per in-flight call, created on demand), so a call
+// blocked in get / barrier / join holds one thread and blocks nobody else. Thread-safe.
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -8,6 +8,7 @@
 #include "coordination.grpc.pb.h"
 #include "distribute/coordination_common.h"
 #include "distribute/coordination_state.h"
+#include "distribute/etcd_coordination_state.h"
 #include "distribute/grpc_settings.h"
 #include "dtrain/distribute/coordination.h"
 
@@ -19,7 +20,7 @@ using std::chrono::milliseconds;
 
 class Service final : public pb::Coordination::Service {
  public:
-  explicit Service(CoordinationState& state) : state_(state) {}
+  explicit Service(CoordinationBackend& state) : state_(state) {}
 
   grpc::Status Set(grpc::ServerContext*, const pb::SetRequest* req, pb::SetResponse*) override {
     return serve_call([&] { state_.set(req->key(), req->value()); });
@@ -84,14 +85,16 @@ class Service final : public pb::Coordination::Service {
     for (const auto& member : m.joining) resp->add_joining(member);
   }
 
-  CoordinationState& state_;
+  CoordinationBackend& state_;
 };
 
 }  // namespace
 
 struct CoordinationServer::Impl {
-  CoordinationState state;
-  Service service{state};
+  explicit Impl(std::unique_ptr<CoordinationBackend> backend)
+      : state(std::move(backend)), service(*state) {}
+  std::unique_ptr<CoordinationBackend> state;
+  Service service;
   std::unique_ptr<grpc::Server> server;
   std::string host;
   int port = 0;
@@ -99,9 +102,15 @@ struct CoordinationServer::Impl {
   bool stopped = false;
 };
 
-CoordinationServer::CoordinationServer(const CoordinationServerOptions& options)
-    : impl_(std::make_unique<Impl>()) {
+CoordinationServer::CoordinationServer(const CoordinationServerOptions& options) : impl_(nullptr) {
   const HostPort where = parse_host_port(options.address, "CoordinationServer address");
+  std::unique_ptr<CoordinationBackend> backend;
+  if (options.state_store.empty()) {
+    backend = std::make_unique<CoordinationState>();
+  } else {
+    backend = make_etcd_coordination_state(options.state_store, options.state_prefix);
+  }
+  impl_ = std::make_unique<Impl>(std::move(backend));
   grpc::ServerBuilder builder;
   int bound = 0;
   configure_server(builder, options.address, &bound);
@@ -131,15 +140,15 @@ void CoordinationServer::stop() {
   std::lock_guard lock(impl_->stop_mu);
   if (impl_->stopped) return;
   impl_->stopped = true;
-  impl_->state.stop();  // blocked handlers return UNAVAILABLE now
+  impl_->state->stop();  // blocked handlers return UNAVAILABLE now
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   impl_->server->Wait();
 }
 
 std::map<std::string, std::chrono::milliseconds> CoordinationServer::heartbeat_ages() const {
-  return impl_->state.heartbeat_ages();
+  return impl_->state->heartbeat_ages();
 }
 
-Membership CoordinationServer::membership() const { return impl_->state.membership(); }
+Membership CoordinationServer::membership() const { return impl_->state->membership(); }
 
 }  // namespace dtrain::distribute

@@ -28,14 +28,15 @@ void quiet_grpc_logging() {
 }  // namespace
 
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
-                                            int max_reconnect_backoff_ms) {
+                                            int max_reconnect_backoff_ms,
+                                            int min_connect_timeout_ms) {
   quiet_grpc_logging();
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);          // 127.0.0.1 must not go to a proxy
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // own connection: failures stay isolated
   // Reconnect quickly while the server is starting or coming back.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, min_connect_timeout_ms);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_reconnect_backoff_ms);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);

@@ -16,9 +16,13 @@
 namespace dtrain::distribute {
 
 // A client channel to `address` on its own TCP connection (failures stay isolated), reconnecting
-// after 100 ms, backing off up to `max_reconnect_backoff_ms`.
+// after 100 ms, backing off up to `max_reconnect_backoff_ms`. A connection attempt that has not
+// received the server's HTTP/2 settings after `min_connect_timeout_ms` (or the current backoff,
+// when longer) is abandoned; servers that answer late (etcd at start, on a loaded machine) need
+// more than the default.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& address,
-                                            int max_reconnect_backoff_ms);
+                                            int max_reconnect_backoff_ms,
+                                            int min_connect_timeout_ms = 100);
 
 // Adds a listening port on `address` (its bound port lands in *bound after BuildAndStart) and
 // the server settings: no SO_REUSEPORT (two services on one port must be an error, not a silent

@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "dtrain/core/build_info.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
@@ -24,15 +26,15 @@ std::string this_hostname() {
   return buf;
 }
 
-// The host part of a rendezvous URL ("host:port", "[v6]:port", "redis://host:port"); "" for a
-// file store or no URL.
+// The host part of a rendezvous URL ("host:port", "[v6]:port", "redis://host:port", the first
+// endpoint of "etcd://host:port,host2:port"); "" for a file store or no URL.
 std::string rendezvous_host(const std::string& url) {
   std::string rest = url;
   if (const size_t scheme = url.find("://"); scheme != std::string::npos) {
     if (url.compare(0, scheme, "file") == 0) return "";
     rest = url.substr(scheme + 3);
   }
-  rest = rest.substr(0, rest.find('/'));
+  rest = rest.substr(0, std::min(rest.find('/'), rest.find(',')));
   if (!rest.empty() && rest[0] == '[') return rest.substr(1, rest.find(']') - 1);
   const size_t colon = rest.rfind(':');
   return colon == std::string::npos ? rest : rest.substr(0, colon);

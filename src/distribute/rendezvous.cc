@@ -1,5 +1,6 @@
 // Stores behind rendezvous URLs (Gloo's FileStore and RedisStore, extended with overwrite and
-// add) and the rendezvous protocol itself: publish PeerInfo, wait for every rank, check sizes.
+// add; etcd in etcd_store.cc) and the rendezvous protocol itself: publish PeerInfo, wait for every
+// rank, check sizes.
 #include "dtrain/distribute/rendezvous.h"
 
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distribute/etcd_store.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
 #include "dtrain/distribute/launcher_env.h"
@@ -217,8 +219,8 @@ class RedisKeyValueStore final : public KeyValueStore {
 
 [[noreturn]] void bad_url(const std::string& url, const std::string& why) {
   throw InvalidArgumentError(str_cat("rendezvous URL '", url, "': ", why,
-                                     " (expected host:port, file:///shared/dir, redis://host:port "
-                                     "or memory://name)"));
+                                     " (expected host:port, file:///shared/dir, redis://host:port, "
+                                     "etcd://host:port[,host:port...] or memory://name)"));
 }
 
 std::string peer_json(const PeerInfo& p) {
@@ -254,7 +256,53 @@ std::string describe_peer(const PeerInfo& p) {
   return s;
 }
 
+// One "host[:port]" or "[v6][:port]" of a store URL; `default_port` when it names none.
+HostPort parse_endpoint(const std::string& url, std::string host, int default_port) {
+  int port = default_port;
+  std::string port_text;
+  if (!host.empty() && host.front() == '[') {  // [ipv6]:port
+    const auto close = host.find(']');
+    if (close == std::string::npos) bad_url(url, "unterminated '['");
+    if (close + 1 < host.size()) {
+      if (host[close + 1] != ':') bad_url(url, "expected ':' after ']'");
+      port_text = host.substr(close + 2);
+    }
+    host = host.substr(1, close - 1);
+  } else if (auto colon = host.rfind(':'); colon != std::string::npos) {
+    port_text = host.substr(colon + 1);
+    host = host.substr(0, colon);
+  }
+  if (host.empty()) bad_url(url, "empty host");
+  if (!port_text.empty()) {
+    try {
+      size_t pos = 0;
+      port = std::stoi(port_text, &pos);
+      if (pos != port_text.size()) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      bad_url(url, "port '" + port_text + "' is not a number");
+    }
+    if (port <= 0 || port > 65535) bad_url(url, "port out of range");
+  }
+  return HostPort{.host = host, .port = port};
+}
+
 }  // namespace
+
+std::vector<HostPort> parse_etcd_url(const std::string& url) {
+  if (url.rfind("etcd://", 0) != 0) bad_url(url, "not an etcd:// URL");
+  std::string list = url.substr(7);
+  if (!list.empty() && list.back() == '/') list.pop_back();
+  if (list.empty()) bad_url(url, "no endpoints");
+  std::vector<HostPort> endpoints;
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = list.find(',', begin);
+    endpoints.push_back(parse_endpoint(url, list.substr(begin, comma - begin), 2379));
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  return endpoints;
+}
 
 std::shared_ptr<KeyValueStore> open_store(const std::string& url) {
   const auto sep = url.find("://");
@@ -272,34 +320,11 @@ std::shared_ptr<KeyValueStore> open_store(const std::string& url) {
   }
   if (scheme == "redis") {
     std::string host = rest;
-    int port = 6379;
     if (!host.empty() && host.back() == '/') host.pop_back();
-    std::string port_text;
-    if (!host.empty() && host.front() == '[') {  // [ipv6]:port
-      const auto close = host.find(']');
-      if (close == std::string::npos) bad_url(url, "unterminated '['");
-      if (close + 1 < host.size()) {
-        if (host[close + 1] != ':') bad_url(url, "expected ':' after ']'");
-        port_text = host.substr(close + 2);
-      }
-      host = host.substr(1, close - 1);
-    } else if (auto colon = host.rfind(':'); colon != std::string::npos) {
-      port_text = host.substr(colon + 1);
-      host = host.substr(0, colon);
-    }
-    if (host.empty()) bad_url(url, "empty host");
-    if (!port_text.empty()) {
-      try {
-        size_t pos = 0;
-        port = std::stoi(port_text, &pos);
-        if (pos != port_text.size()) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        bad_url(url, "port '" + port_text + "' is not a number");
-      }
-      if (port <= 0 || port > 65535) bad_url(url, "port out of range");
-    }
-    return std::make_shared<RedisKeyValueStore>(host, port);
+    const HostPort hp = parse_endpoint(url, host, 6379);
+    return std::make_shared<RedisKeyValueStore>(hp.host, hp.port);
   }
+  if (scheme == "etcd") return std::make_shared<EtcdKeyValueStore>(parse_etcd_url(url));
   if (scheme == "memory") {
     static std::mutex mu;
     static std::map<std::string, std::shared_ptr<KeyValueStore>> stores;

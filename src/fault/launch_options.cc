@@ -37,7 +37,7 @@ void validate_launch_options(const LaunchOptions& o) {
   DTRAIN_CHECK(!o.command.empty(), "launch: no program to run (dtrain launch ... -- PROGRAM ARGS)");
   DTRAIN_CHECK(o.rdzv != "coordinator" || o.max_nodes == 1, "launch: with --nnodes ", o.max_nodes,
                ", --rdzv must be host:port of node 0 (where it hosts the coordination service), "
-               "file:///shared/dir or redis://host:port");
+               "file:///shared/dir, redis://host:port or etcd://host:port[,host:port...]");
   DTRAIN_CHECK(o.rdzv_timeout_s > 0 && o.grace_period_s >= 0,
                "launch: --rdzv-timeout must be > 0 and --grace-period >= 0");
   DTRAIN_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be >= 0, got ", o.max_restarts);
@@ -60,10 +60,14 @@ void validate_launch_options(const LaunchOptions& o) {
                "launch: --preemption-exit-code (or $DTRAIN_PREEMPTION_EXIT_CODE) ",
                o.preemption_exit_code, " is not an exit code in [1, 255]");
   const bool store_url = o.rdzv.find("://") != std::string::npos;
-  DTRAIN_CHECK(!(store_url && o.max_nodes > 1 && (o.max_restarts > 0 || o.min_nodes < o.max_nodes)),
-               "launch: restarts and elastic jobs over several nodes need the coordination "
-               "service (--rdzv host:port), not ",
-               o.rdzv);
+  // On etcd every node serves the coordination state from etcd; on a file or Redis store there
+  // is none.
+  const bool etcd = o.rdzv.rfind("etcd://", 0) == 0;
+  DTRAIN_CHECK(
+      !(store_url && !etcd && o.max_nodes > 1 && (o.max_restarts > 0 || o.min_nodes < o.max_nodes)),
+      "launch: restarts and elastic jobs over several nodes need the coordination service "
+      "(--rdzv host:port, or its state in etcd: --rdzv etcd://host:port), not ",
+      o.rdzv);
   if (!store_url && o.rdzv != "coordinator") {
     distribute::parse_host_port(o.rdzv, "launch: --rdzv");  // a usage error before anything else
   }

@@ -17,7 +17,18 @@ using json = nlohmann::json;
 LaunchRendezvous::LaunchRendezvous(const LaunchOptions& options)
     : o_(options), prefix_(str_cat("dtrain/", options.run_id, "/launch/")) {
   const bool store_url = o_.rdzv.find("://") != std::string::npos;
-  if (o_.rdzv == "coordinator" || (store_url && !multi_node())) {
+  if (multi_node() && o_.rdzv.rfind("etcd://", 0) == 0) {
+    // Every node serves the job's coordination state from etcd to its own launcher and
+    // workers; no node is special, and the state outlives any of them.
+    server_ = std::make_unique<dist::CoordinationServer>(dist::CoordinationServerOptions{
+        .address = "127.0.0.1:0",
+        .state_store = o_.rdzv,
+        .state_prefix = str_cat("dtrain/", o_.run_id, "/coordination/")});
+    shared_state_ = true;
+    service_ = server_->address();
+    say("node ", o_.node_rank, ": coordination state in ", o_.rdzv, " (run '", o_.run_id,
+        "'), served to this node on ", service_);
+  } else if (o_.rdzv == "coordinator" || (store_url && !multi_node())) {
     server_ = std::make_unique<dist::CoordinationServer>(
         dist::CoordinationServerOptions{.address = "127.0.0.1:0"});
     service_ = server_->address();
@@ -194,7 +205,7 @@ bool LaunchRendezvous::all_done(const Generation& g) {
 void LaunchRendezvous::leave(const Generation& g, int code) {
   try {
     client_->set(key(g, str_cat("exit/", o_.node_rank)), std::to_string(code));
-    if (server_ != nullptr) {
+    if (hosts_service()) {
       std::vector<std::string> acks;
       for (int node : g.nodes) acks.push_back(key(g, str_cat("exit/", node)));
       client_->wait(acks, std::chrono::seconds(10));

@@ -29,15 +29,18 @@ struct Generation {
 
 class LaunchRendezvous {
  public:
-  // Starts the coordination service when this node hosts it (--rdzv coordinator, or host:port
-  // on node 0) and connects to it. Throws what CoordinationServer / CoordinationClient throw.
+  // Starts the coordination service when this node hosts it (--rdzv coordinator, host:port on
+  // node 0, or on every node of a multi-node job on etcd://, with the state in etcd) and
+  // connects to it. Throws what CoordinationServer / CoordinationClient throw.
   explicit LaunchRendezvous(const LaunchOptions& options);
 
-  // host:port the workers connect to; empty for several nodes on a store URL.
+  // host:port the workers connect to; empty for several nodes on a file:// or redis:// store.
   const std::string& service() const { return service_; }
-  // False for several nodes on a store URL (fixed membership, no restarts).
+  // False for several nodes on a file:// or redis:// store (fixed membership, no restarts).
   bool connected() const { return client_ != nullptr; }
-  bool hosts_service() const { return server_ != nullptr; }
+  // True when the other nodes depend on this node's service (node 0 on host:port); false when
+  // every node serves the shared state in etcd.
+  bool hosts_service() const { return server_ != nullptr && !shared_state_; }
   distribute::CoordinationClient& client() { return *client_; }
 
   // Joins the next membership round with this node's active `slots` and returns the
@@ -78,7 +81,8 @@ class LaunchRendezvous {
 
   const LaunchOptions& o_;
   std::unique_ptr<distribute::CoordinationServer> server_;
-  std::unique_ptr<distribute::CoordinationClient> client_;  // null: multi-node on a store URL
+  std::unique_ptr<distribute::CoordinationClient> client_;  // null: multi-node on file/redis
+  bool shared_state_ = false;  // the service's state is in etcd, served by every node
   bool lost_service_ = false;  // calls to the service failed: reconnect before the next round
   std::string service_;        // host:port workers connect to
   std::string prefix_;         // "dtrain/<run>/launch/"

@@ -143,9 +143,10 @@ void report_resume_to_launcher(const std::string& path, int64_t global_step) {
   try {
     if (!distribute::LauncherEnv::present()) return;
     const distribute::LauncherEnv env = distribute::LauncherEnv::from_environment();
-    if (!env.rdzv_is_coordinator()) return;
-    distribute::CoordinationClient client(env.rdzv, {.connect_timeout = std::chrono::seconds(5),
-                                                     .rpc_timeout = std::chrono::seconds(5)});
+    if (!env.master) return;  // no coordination service (several nodes on file:// or redis://)
+    distribute::CoordinationClient client(
+        env.master->to_string(),
+        {.connect_timeout = std::chrono::seconds(5), .rpc_timeout = std::chrono::seconds(5)});
     client.set(str_cat("resumed/", env.generation, "/", env.rank), std::to_string(global_step));
     client.set(str_cat("resumed_from/", env.generation, "/", env.rank),
                std::filesystem::path(path).filename().string());

@@ -16,6 +16,7 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/collectives.h"
+#include "testutil/etcd_server.h"
 
 extern char** environ;
 
@@ -35,13 +36,36 @@ void on_threads(int n, Fn fn) {
   for (auto& t : threads) t.join();
 }
 
-class CoordinationTest : public ::testing::Test {
+// The service under test, with its state in memory ("memory") or in a real etcd on loopback
+// ("etcd", skipped without /usr/bin/etcd): the same contract either way.
+class CoordinationTest : public ::testing::TestWithParam<std::string> {
  protected:
-  CoordinationServer server_{{.address = "127.0.0.1:0"}};
+  struct Server {
+    std::unique_ptr<CoordinationServer> s;
+    int port() const { return s->port(); }
+    std::string address() const { return s->address(); }
+    Membership membership() const { return s->membership(); }
+    std::map<std::string, std::chrono::milliseconds> heartbeat_ages() const {
+      return s->heartbeat_ages();
+    }
+  };
+  void SetUp() override {
+    CoordinationServerOptions o{.address = "127.0.0.1:0"};
+    if (GetParam() == "etcd") {
+      if (!testutil::have_etcd()) {
+        GTEST_SKIP() << "no " << testutil::kEtcdBinary << " (Debian package etcd-server)";
+      }
+      etcd_ = std::make_unique<testutil::EtcdServer>();
+      o.state_store = etcd_->url();
+    }
+    server_.s = std::make_unique<CoordinationServer>(o);
+  }
+  std::unique_ptr<testutil::EtcdServer> etcd_;  // outlives server_ (declared first)
+  Server server_;
   CoordinationClientOptions fast_{.connect_timeout = 5s, .rpc_timeout = 5s};
 };
 
-TEST_F(CoordinationTest, ServerPicksAPortAndClientsConnect) {
+TEST_P(CoordinationTest, ServerPicksAPortAndClientsConnect) {
   EXPECT_GT(server_.port(), 0);
   EXPECT_EQ(server_.address(), "127.0.0.1:" + std::to_string(server_.port()));
   CoordinationClient client(server_.address(), fast_);
@@ -49,7 +73,7 @@ TEST_F(CoordinationTest, ServerPicksAPortAndClientsConnect) {
   EXPECT_EQ(client.describe(), server_.address());
 }
 
-TEST_F(CoordinationTest, SetGetAddCheckWait) {
+TEST_P(CoordinationTest, SetGetAddCheckWait) {
   CoordinationClient a(server_.address(), fast_);
   CoordinationClient b(server_.address(), fast_);
   const std::string binary("\0\1\xff\0z", 5);
@@ -70,14 +94,14 @@ TEST_F(CoordinationTest, SetGetAddCheckWait) {
   a.wait(keys({"bytes", "n", "empty"}), 1s);
 }
 
-TEST_F(CoordinationTest, AddOnATextValueIsInvalidArgument) {
+TEST_P(CoordinationTest, AddOnATextValueIsInvalidArgument) {
   CoordinationClient c(server_.address(), fast_);
   c.set("text", "abc");
   EXPECT_THROW(c.add("text", 1), InvalidArgumentError);
   EXPECT_EQ(c.get("text", 1s), "abc");  // untouched
 }
 
-TEST_F(CoordinationTest, GetWaitsForALaterSet) {
+TEST_P(CoordinationTest, GetWaitsForALaterSet) {
   CoordinationClient reader(server_.address(), fast_);
   std::thread writer([&] {
     CoordinationClient w(server_.address(), fast_);
@@ -90,7 +114,7 @@ TEST_F(CoordinationTest, GetWaitsForALaterSet) {
   writer.join();
 }
 
-TEST_F(CoordinationTest, WaitWaitsForEveryKey) {
+TEST_P(CoordinationTest, WaitWaitsForEveryKey) {
   CoordinationClient c(server_.address(), fast_);
   std::thread writer([&] {
     CoordinationClient w(server_.address(), fast_);
@@ -103,7 +127,7 @@ TEST_F(CoordinationTest, WaitWaitsForEveryKey) {
   writer.join();
 }
 
-TEST_F(CoordinationTest, GetAndWaitTimeOutWithDeadlineExceededNamingTheKey) {
+TEST_P(CoordinationTest, GetAndWaitTimeOutWithDeadlineExceededNamingTheKey) {
   CoordinationClient c(server_.address(), fast_);
   const auto start = Clock::now();
   try {
@@ -124,7 +148,7 @@ TEST_F(CoordinationTest, GetAndWaitTimeOutWithDeadlineExceededNamingTheKey) {
   }
 }
 
-TEST_F(CoordinationTest, RanksAsThreadsRendezvousThroughTheStore) {
+TEST_P(CoordinationTest, RanksAsThreadsRendezvousThroughTheStore) {
   constexpr int kRanks = 8;
   std::vector<std::vector<std::string>> seen(kRanks);
   on_threads(kRanks, [&](int rank) {
@@ -142,7 +166,7 @@ TEST_F(CoordinationTest, RanksAsThreadsRendezvousThroughTheStore) {
   EXPECT_EQ(c.add("counter", 0), kRanks * 50);
 }
 
-TEST_F(CoordinationTest, OneClientSharedByThreads) {
+TEST_P(CoordinationTest, OneClientSharedByThreads) {
   CoordinationClient shared(server_.address(), fast_);
   on_threads(6, [&](int i) {
     // Every thread blocks in get until the last one sets its key: calls must not serialize.
@@ -152,7 +176,7 @@ TEST_F(CoordinationTest, OneClientSharedByThreads) {
   });
 }
 
-TEST_F(CoordinationTest, BarrierReleasesNobodyEarlyAndIsReusable) {
+TEST_P(CoordinationTest, BarrierReleasesNobodyEarlyAndIsReusable) {
   constexpr int kRanks = 4;
   constexpr int kRounds = 5;
   std::atomic<int> arrivals{0};
@@ -171,7 +195,7 @@ TEST_F(CoordinationTest, BarrierReleasesNobodyEarlyAndIsReusable) {
   EXPECT_EQ(arrivals.load(), kRanks * kRounds);
 }
 
-TEST_F(CoordinationTest, BarrierTimeoutSaysWhoArrivedAndLeaves) {
+TEST_P(CoordinationTest, BarrierTimeoutSaysWhoArrivedAndLeaves) {
   CoordinationClient c(server_.address(), fast_);
   try {
     c.barrier("b", 2, 200ms);
@@ -186,7 +210,7 @@ TEST_F(CoordinationTest, BarrierTimeoutSaysWhoArrivedAndLeaves) {
   });
 }
 
-TEST_F(CoordinationTest, BarrierCountsMustAgree) {
+TEST_P(CoordinationTest, BarrierCountsMustAgree) {
   std::thread waiter([&] {
     CoordinationClient c(server_.address(), fast_);
     EXPECT_THROW(c.barrier("m", 3, 1s), DeadlineExceededError);
@@ -197,7 +221,7 @@ TEST_F(CoordinationTest, BarrierCountsMustAgree) {
   waiter.join();
 }
 
-TEST_F(CoordinationTest, JoinFormsNumberedGenerations) {
+TEST_P(CoordinationTest, JoinFormsNumberedGenerations) {
   CoordinationClient observer(server_.address(), fast_);
   EXPECT_EQ(observer.generation(), 0);
   for (int64_t expected_generation = 1; expected_generation <= 2; ++expected_generation) {
@@ -217,7 +241,7 @@ TEST_F(CoordinationTest, JoinFormsNumberedGenerations) {
   EXPECT_EQ(observer.heartbeat("anyone"), 2);  // heartbeats report the generation
 }
 
-TEST_F(CoordinationTest, JoinTimeoutNamesWhoJoinedAndLeavesTheRound) {
+TEST_P(CoordinationTest, JoinTimeoutNamesWhoJoinedAndLeavesTheRound) {
   CoordinationClient c(server_.address(), fast_);
   try {
     c.join("lonely", 2, 200ms);
@@ -235,7 +259,7 @@ TEST_F(CoordinationTest, JoinTimeoutNamesWhoJoinedAndLeavesTheRound) {
   EXPECT_EQ(got[0].generation, 1);
 }
 
-TEST_F(CoordinationTest, JoinCountsMustAgree) {
+TEST_P(CoordinationTest, JoinCountsMustAgree) {
   std::thread waiter([&] {
     CoordinationClient c(server_.address(), fast_);
     EXPECT_THROW(c.join("x", 3, 1s), DeadlineExceededError);
@@ -246,7 +270,7 @@ TEST_F(CoordinationTest, JoinCountsMustAgree) {
   waiter.join();
 }
 
-TEST_F(CoordinationTest, HeartbeatsAreRecordedAndSentInTheBackground) {
+TEST_P(CoordinationTest, HeartbeatsAreRecordedAndSentInTheBackground) {
   CoordinationClient manual(server_.address(), fast_);
   manual.heartbeat("worker:0");
   CoordinationClientOptions bg = fast_;
@@ -271,7 +295,7 @@ TEST_F(CoordinationTest, HeartbeatsAreRecordedAndSentInTheBackground) {
   EXPECT_FALSE(background.heartbeat_failed());
 }
 
-TEST_F(CoordinationTest, GlooCollectivesRendezvousThroughTheCoordinator) {
+TEST_P(CoordinationTest, GlooCollectivesRendezvousThroughTheCoordinator) {
   constexpr int kRanks = 3;
   std::vector<double> sums(kRanks, 0);
   std::vector<int64_t> generations(kRanks, 0);
@@ -292,6 +316,73 @@ TEST_F(CoordinationTest, GlooCollectivesRendezvousThroughTheCoordinator) {
     EXPECT_EQ(sums[rank], 6.0);
     EXPECT_EQ(generations[rank], 1);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CoordinationTest, ::testing::Values("memory", "etcd"),
+                         [](const auto& info) { return info.param; });
+
+// Two services (two launchers' worth) on one etcd and prefix serve one state: keys, counters,
+// heartbeats and an elastic membership round span both; when one service is gone, the other
+// forms the next generation alone, and a service started again rejoins the same state.
+TEST(SharedCoordinationStateTest, ServicesOnOneEtcdShareTheStateAndOutliveEachOther) {
+  if (!testutil::have_etcd()) {
+    GTEST_SKIP() << "no " << testutil::kEtcdBinary << " (Debian package etcd-server)";
+  }
+  testutil::EtcdServer etcd;
+  const CoordinationServerOptions o{
+      .address = "127.0.0.1:0", .state_store = etcd.url(), .state_prefix = "job/"};
+  const CoordinationClientOptions fast{.connect_timeout = 5s, .rpc_timeout = 5s};
+  auto s0 = std::make_unique<CoordinationServer>(o);
+  CoordinationServer s1(o);
+  auto c0 = std::make_unique<CoordinationClient>(s0->address(), fast);
+  CoordinationClient c1(s1.address(), fast);
+  c0->set("k", "v");
+  EXPECT_EQ(c1.get("k", 5s), "v");
+  EXPECT_EQ(c0->add("n", 2), 2);
+  EXPECT_EQ(c1.add("n", 3), 5);
+  EXPECT_EQ(c1.get_prefix("k"), (std::map<std::string, std::string>{{"k", "v"}}));
+  c0->heartbeat("node/0");
+  bool seen = false;
+  for (auto deadline = Clock::now() + 10s; !seen && Clock::now() < deadline;
+       std::this_thread::sleep_for(20ms)) {
+    seen = c1.heartbeat_ages().count("node/0") > 0;
+  }
+  EXPECT_TRUE(seen) << "a heartbeat through one service never reached the other";
+
+  const JoinOptions elastic{.max_members = 2, .min_members = 1, .settle = 300ms, .timeout = 20s};
+  std::vector<Membership> got(2);
+  std::thread other([&] { got[1] = c1.join("node-1", elastic); });
+  got[0] = c0->join("node-0", elastic);
+  other.join();
+  EXPECT_EQ(got[0].generation, 1);
+  EXPECT_EQ(got[0].members, keys({"node-0", "node-1"}));
+  EXPECT_EQ(got[1].members, got[0].members);
+  EXPECT_EQ(s1.membership().generation, 1);
+
+  // The first service goes away (its launcher died): the other carries on alone.
+  c0.reset();
+  s0.reset();
+  const Membership alone = c1.join("node-1", elastic);
+  EXPECT_EQ(alone.generation, 2);
+  EXPECT_EQ(alone.members, keys({"node-1"}));
+  EXPECT_EQ(c1.get("k", 1s), "v");
+
+  // A service started again sees the same state and is seen waiting to join.
+  CoordinationServer again(o);
+  CoordinationClient c2(again.address(), fast);
+  EXPECT_EQ(c2.generation(), 2);
+  std::thread rejoin([&] { got[0] = c2.join("node-0", elastic); });
+  bool waiting = false;
+  for (auto deadline = Clock::now() + 10s; !waiting && Clock::now() < deadline;
+       std::this_thread::sleep_for(10ms)) {
+    waiting = c1.membership().joining == keys({"node-0"});
+  }
+  EXPECT_TRUE(waiting) << "the running member never saw the new one waiting";
+  got[1] = c1.join("node-1", elastic);
+  rejoin.join();
+  EXPECT_EQ(got[0].generation, 3);
+  EXPECT_EQ(got[0].members, keys({"node-0", "node-1"}));
+  EXPECT_EQ(got[1].members, got[0].members);
 }
 
 TEST(CoordinationFailureTest, UnreachableServiceIsUnavailableNamingTheAddress) {

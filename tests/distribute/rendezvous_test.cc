@@ -1,5 +1,6 @@
 // KeyValueStore implementations (in-memory, prefix, Gloo's FileStore, Gloo's RedisStore against
-// a real redis-server on loopback), URL parsing and rendezvous generations.
+// a real redis-server on loopback, the etcd store against a real etcd on loopback), URL parsing
+// and rendezvous generations.
 #include "dtrain/distribute/rendezvous.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/collectives.h"
+#include "testutil/etcd_server.h"
+#include "testutil/free_port.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -114,9 +117,84 @@ TEST_F(RedisTest, CollectivesRendezvousThroughRedis) {
   EXPECT_EQ(sums, std::vector<double>(3, 6.0));
 }
 
+// A real etcd on 127.0.0.1 (free ports, a private data directory), one per test.
+class EtcdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testutil::have_etcd()) {
+      GTEST_SKIP() << "no " << testutil::kEtcdBinary << " (Debian package etcd-server)";
+    }
+    etcd_ = std::make_unique<testutil::EtcdServer>();
+    try {
+      store_ = open_store(etcd_->url());
+    } catch (const Error& e) {
+      FAIL() << e.what() << "\netcd's log:\n" << etcd_->log();
+    }
+  }
+  std::unique_ptr<testutil::EtcdServer> etcd_;
+  std::shared_ptr<KeyValueStore> store_;
+};
+
+TEST_F(EtcdTest, StoreContract) {
+  EXPECT_EQ(store_->describe(), etcd_->url());
+  exercise_store(*store_);
+}
+
+TEST_F(EtcdTest, AddIsAtomicAcrossClients) {
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&] {
+      auto mine = open_store(etcd_->url());  // its own connection
+      for (int i = 0; i < 25; ++i) mine->add("counter", 1);
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(store_->get("counter", 1s), "100");
+}
+
+TEST_F(EtcdTest, CollectivesRendezvousThroughEtcd) {
+  std::vector<std::thread> ts;
+  std::vector<double> sums(3);
+  for (int r = 0; r < 3; ++r) {
+    ts.emplace_back([&, r] {
+      auto c = Collectives::connect(open_store(etcd_->url()),
+                                    {.rank = r, .world_size = 3, .timeout = 20s});
+      sums[r] = c->all_reduce_scalar(r + 1, ReduceOp::kSum);
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(sums, std::vector<double>(3, 6.0));
+}
+
+// The first endpoint has nothing listening: calls go to the next one.
+TEST_F(EtcdTest, FailsOverToTheNextEndpoint) {
+  const std::string dead = "127.0.0.1:" + std::to_string(testutil::free_port());
+  auto s = open_store("etcd://" + dead + "," + etcd_->endpoint() + "/");
+  EXPECT_EQ(s->describe(), "etcd://" + dead + "," + etcd_->endpoint());
+  s->set("k", "v");
+  EXPECT_EQ(store_->get("k", 1s), "v");
+  EXPECT_EQ(s->add("n", 2), 2);
+}
+
+// No etcd at any endpoint: UnavailableError naming each, after the connect timeout, not a hang.
+TEST(OpenStoreTest, UnreachableEtcdIsUnavailableNamingTheEndpoints) {
+  const std::string a = "127.0.0.1:" + std::to_string(testutil::free_port());
+  const std::string b = "localhost:" + std::to_string(testutil::free_port());
+  try {
+    open_store("etcd://" + a + "," + b);
+    FAIL() << "connected to nothing";
+  } catch (const UnavailableError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(a + ":"), std::string::npos) << what;
+    EXPECT_NE(what.find(b + ":"), std::string::npos) << what;
+  }
+}
+
 TEST(OpenStoreTest, MalformedUrlsAreNamed) {
-  for (const char* url : {"redis", "host:x", "ftp://x", "file://", "redis://:6379",
-                          "redis://h:port", "redis://h:70000", "redis://[::1"}) {
+  for (const char* url :
+       {"redis", "host:x", "ftp://x", "file://", "redis://:6379", "redis://h:port",
+        "redis://h:70000", "redis://[::1", "etcd://", "etcd:///", "etcd://h:x", "etcd://h:1,,h:2",
+        "etcd://h:1,:2", "etcd://[::1:2379", "etcd://h:0"}) {
     try {
       open_store(url);
       FAIL() << url;

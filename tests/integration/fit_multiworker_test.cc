@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "distribute_process.h"
+#include "testutil/etcd_server.h"
 
 namespace dtrain::testing {
 namespace {
@@ -23,7 +24,8 @@ std::vector<float> floats(const std::string& bytes) {
 
 // Runs the worker program once per process; returns each process's output file contents.
 std::vector<std::string> run(const std::string& dir, const std::string& mode, int processes,
-                             std::vector<std::string> extra = {}) {
+                             std::vector<std::string> extra = {},
+                             const std::map<std::string, std::string>& extra_env = {}) {
   std::vector<int> ports;
   for (int i = 0; i < processes; ++i) ports.push_back(free_port());
   std::vector<Process> procs;
@@ -31,7 +33,7 @@ std::vector<std::string> run(const std::string& dir, const std::string& mode, in
     std::vector<std::string> argv = {kWorker, "--mode", mode, "--out",
                                      dir + "/" + mode + std::to_string(i) + ".bin"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    std::map<std::string, std::string> env;
+    std::map<std::string, std::string> env = extra_env;
     if (mode == "multi-worker") env["TF_CONFIG"] = tf_config(ports, i);
     procs.push_back(spawn(argv, env, dir + "/" + mode + std::to_string(i) + ".log"));
   }
@@ -84,6 +86,23 @@ TEST_F(FitMultiWorker, TwoWorkersAreIdenticalAndMatchOneProcess) {
   const auto w = floats(out[0]);
   ASSERT_EQ(w.size(), single_.size());
   EXPECT_LT(max_relative_difference(w, single_), 1e-4);
+}
+
+// The same job rendezvousing through a real etcd instead of the chief's coordination service
+// ends with the same bits: the store only carries the Gloo rendezvous.
+TEST_F(FitMultiWorker, TwoWorkersRendezvousingOverEtcdMatchTheCoordinationService) {
+  if (!testutil::have_etcd()) {
+    GTEST_SKIP() << "no " << testutil::kEtcdBinary << " (Debian package etcd-server)";
+  }
+  testutil::EtcdServer etcd;
+  const auto over_etcd = run(dir_, "multi-worker", 2, {}, {{"DTRAIN_RDZV", etcd.url()}});
+  EXPECT_NE(read_file(dir_ + "/multi-worker0.log").find("rows 384 of 768"), std::string::npos)
+      << read_file(dir_ + "/multi-worker0.log");
+  const auto over_service = run(dir_, "multi-worker", 2);
+  ASSERT_EQ(over_etcd.size(), 2u);
+  ASSERT_FALSE(over_etcd[0].empty());
+  EXPECT_EQ(over_etcd[0], over_etcd[1]) << "workers' variables differ";
+  EXPECT_EQ(over_etcd[0], over_service[0]) << "etcd and the coordination service trained apart";
 }
 
 // SyncBatchNormalization: 2 workers × 32 rows train as BatchNormalization on one process with

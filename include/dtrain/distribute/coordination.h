@@ -54,14 +54,23 @@ struct CoordinationServerOptions {
   // host:port to listen on. Port 0 picks a free port (see port()). Use 127.0.0.1 for one
   // machine, the host's name or address for several.
   std::string address = "127.0.0.1:0";
+  // Where the service keeps its state. "": in this process (it dies with it). An etcd URL
+  // ("etcd://host:2379[,host:2379...]", see open_store()): in that etcd cluster under
+  // `state_prefix`, so several services started with the same store and prefix serve one shared
+  // state (keys, counters, barriers, heartbeats, membership rounds) and any of them may stop or
+  // die without losing it. Waiting calls then poll etcd (every 1-20 ms), and heartbeat ages are
+  // measured on this host from when each heartbeat was first seen changed (no clock is
+  // compared across hosts).
+  std::string state_store = "";
+  std::string state_prefix = "dtrain/coordination/";
 };
 
 // The service. Starts serving in the constructor and stops in stop() or the destructor.
 class CoordinationServer {
  public:
   // Starts listening on options.address. Throws UnavailableError naming the address when it
-  // cannot listen there (address in use, unknown host), InvalidArgumentError when the address
-  // has no port.
+  // cannot listen there (address in use, unknown host) or the state store cannot be reached,
+  // InvalidArgumentError when the address has no port or the state store URL is malformed.
   explicit CoordinationServer(const CoordinationServerOptions& options = {});
   // Calls stop().
   ~CoordinationServer();

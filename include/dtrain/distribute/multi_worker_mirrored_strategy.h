@@ -28,7 +28,7 @@ class CoordinationServer;
 
 struct MultiWorkerOptions {
   std::optional<ClusterSpec> cluster = std::nullopt;  // default: resolve_cluster()
-  std::string rendezvous = "";  // file:///dir, redis://host:port, host:port (coordination)
+  std::string rendezvous = "";  // file:///dir, redis://h:p, etcd://h:p[,h:p], host:port
   std::shared_ptr<KeyValueStore> store = nullptr;  // a store to rendezvous on; wins over the URL
   std::chrono::milliseconds timeout = std::chrono::seconds(30);  // rendezvous and each collective
   size_t bucket_bytes = size_t{4} << 20;                         // all-reduce bucket size

@@ -22,11 +22,15 @@ namespace dtrain::distribute {
 //   file:///shared/dir   Gloo's FileStore in that directory (created if missing); every worker
 //                        must see the same directory (NFS, a shared volume, one machine).
 //   redis://host[:port]  Gloo's RedisStore on a Redis server (port 6379 by default).
+//   etcd://host[:port][,host[:port]...]
+//                        an etcd cluster through its v3 API (port 2379 by default); calls fail
+//                        over to the next endpoint when one is unreachable.
 //   memory://name        a store in this process's memory, shared by every open_store() call
 //                        with the same name (ranks as threads, for tests).
 // Throws InvalidArgumentError naming the URL when it is malformed or its scheme unknown,
-// UnavailableError when the Redis server cannot be reached (2 s connect timeout) or the
-// directory cannot be created.
+// UnavailableError when the Redis server cannot be reached (2 s connect timeout), no etcd
+// endpoint answers within 5 s (the message names every endpoint), or the directory cannot be
+// created.
 std::shared_ptr<KeyValueStore> open_store(const std::string& url);
 
 // What each worker publishes about itself at rendezvous.

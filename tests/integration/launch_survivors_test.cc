@@ -36,8 +36,13 @@ std::vector<pid_t> children(pid_t parent) {
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string stat;
+    try {
+      std::ifstream f(e.path() / "stat");
+      stat.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    } catch (const std::exception&) {
+      continue;  // the process ended while it was read
+    }
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 2));
@@ -135,61 +140,61 @@ class LaunchSurvivors : public ::testing::Test {
         {}, dir_ + "/job.log");
   }
 
-  // Waits until `p` has `n` workers that all trained at least one step in this generation
-  // (each printed "first step done" once; a restarted worker prints it again): bounded.
-  static bool wait_workers(Process& p, size_t n, std::vector<pid_t>& pids) {
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
+  // Processes of the job that have trained a step: each fit_worker prints "first step done"
+  // once (a survivor does not print it again after a failure; a restarted worker does).
+  int trained() const {
+    const std::string log = read_file(dir_ + "/job.log");
+    int n = 0;
+    for (size_t at = log.find("first step done"); at != std::string::npos;
+         at = log.find("first step done", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
+  // Waits (bounded) until `p` runs `n` workers and `trained()` reached `count`. False when the
+  // job ended or the wait ran out.
+  bool wait_trained(Process& p, size_t n, int count) {
+    const auto deadline = Clock::now() + std::chrono::seconds(90);
     while (Clock::now() < deadline) {
       int status = 0;
       if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
         p.pid = -1;
         return false;
       }
-      pids = children(p.pid);
-      if (pids.size() == n) return true;
+      if (children(p.pid).size() == n && trained() >= count) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return false;
   }
 
-  // Kills `victims` random workers at once, `rounds` times, `lo`..`hi` ms apart, while the job
-  // runs. After each kill, waits until the group is whole again and records whether every
-  // worker that was not killed kept its pid. Returns the kills done.
+  // Kills `victims` random workers at once, `rounds` times, each `lo`..`hi` ms after the group
+  // trains again (every worker has taken a step since the last kill), and records whether every
+  // worker that was not killed kept its pid across the failure. Returns the kills done.
   int kill_rounds(Process& p, size_t workers, size_t victims, int rounds, std::mt19937& rng, int lo,
                   int hi) {
     std::uniform_int_distribution<int> delay_ms(lo, hi);
     int kills = 0;
+    int expect = static_cast<int>(workers);  // "first step done" lines once all train
     for (int round = 0; round < rounds; ++round) {
-      std::vector<pid_t> before;
-      if (!wait_workers(p, workers, before)) break;
+      if (!wait_trained(p, workers, expect)) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
-      before = children(p.pid);
+      const std::vector<pid_t> before = children(p.pid);
       if (before.size() != workers) continue;
       std::vector<pid_t> pick = before;
       std::shuffle(pick.begin(), pick.end(), rng);
       pick.resize(victims);
+      const int trained_before = trained();
       for (pid_t v : pick) {
         if (kill(v, SIGKILL) == 0) ++kills;
       }
-      std::vector<pid_t> after;
-      if (!wait_workers(p, workers, after)) break;
-      // Wait until the launcher replaced the victims (new pids), then compare the survivors.
-      const auto deadline = Clock::now() + std::chrono::seconds(60);
-      while (Clock::now() < deadline) {
-        after = children(p.pid);
-        const bool replaced =
-            after.size() == workers && std::none_of(pick.begin(), pick.end(), [&](pid_t v) {
-              return std::find(after.begin(), after.end(), v) != after.end();
-            });
-        if (replaced || p.pid < 0) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      std::vector<pid_t> survivors;
-      for (pid_t b : before) {
-        if (std::find(pick.begin(), pick.end(), b) == pick.end()) survivors.push_back(b);
-      }
-      const bool kept = std::all_of(survivors.begin(), survivors.end(), [&](pid_t s) {
-        return std::find(after.begin(), after.end(), s) != after.end();
+      // Training again: the restarted workers took a step (all of them after a restart-all).
+      expect = trained_before + static_cast<int>(victims);
+      if (!wait_trained(p, workers, expect)) break;
+      const std::vector<pid_t> after = children(p.pid);
+      const bool kept = std::all_of(before.begin(), before.end(), [&](pid_t b) {
+        return std::find(pick.begin(), pick.end(), b) != pick.end() ||
+               std::find(after.begin(), after.end(), b) != after.end();
       });
       (kept ? kept_ : lost_) += 1;
     }

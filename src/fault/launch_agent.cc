@@ -170,6 +170,8 @@ bool Agent::continue_survivors(const Generation& failed, const Generation& g, Wo
         "); restarting every worker");
     return false;
   }
+  // The watchdog counts a survivor's stall from now (it rolls back, and its steps go back too).
+  for (Worker* w : alive) w->step_changed = Clock::now();
   std::string restarted;
   for (Worker* w : dead) {
     group.respawn(*w, o_.command, g.number,

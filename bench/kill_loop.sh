@@ -3,7 +3,10 @@
 # (batch 64, backups every 50 steps) under `dtrain launch --max-restarts 100`, one random worker
 # SIGKILLed every P seconds, side by side: today's disk path (--snapshot-every 0: each restart
 # reads the newest backup) and the memory path (--snapshot-every S: each restart takes the
-# snapshot its launcher holds). Goodput = uninterrupted wall time / wall time with kills.
+# snapshot its launcher holds), both restarting every worker (--on-failure restart-all), and
+# survivors (--on-failure survivors: only the killed worker restarts, the other rolls back to the
+# agreed snapshot in its own process). Goodput = uninterrupted wall time / wall time with kills;
+# recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it).
 # Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10]   (after scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,14 +19,15 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# run NAME SNAPSHOT_EVERY KILL(0|1): prints "seconds kills accuracy lost_steps"
+# run NAME SNAPSHOT_EVERY KILL(0|1) [ON_FAILURE]: prints "seconds kills accuracy lost_steps
+# recovery_s"
 run() {
-  local name=$1 snap=$2 kills_on=$3 dir="$tmp/$1"
+  local name=$1 snap=$2 kills_on=$3 mode=${4:-restart-all} dir="$tmp/$1"
   mkdir -p "$dir"
   local start end
   start=$(date +%s.%N)
   "$dtrain" launch --nproc-per-node 2 --max-restarts 100 --grace-period 1 \
-    --snapshot-every "$snap" --event-log "$dir/events.jsonl" -- \
+    --snapshot-every "$snap" --on-failure "$mode" --event-log "$dir/events.jsonl" -- \
     "$dtrain" fit --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 \
     --verbose 2 --checkpoint-dir "$dir/ckpt" --checkpoint-every 50 --resume > "$dir/log" 2>&1 &
   local launcher=$! kills=0
@@ -41,17 +45,26 @@ run() {
   acc=$({ grep -oE 'test_accuracy: [0-9.]+' "$dir/log" || true; } | tail -1 | awk '{ print $2 }')
   lost=$({ grep -o '"lost_steps":[0-9]*' "$dir/events.jsonl" || true; } | cut -d: -f2 |
     awk '{ s += $1 } END { print s + 0 }')
-  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost"
+  local recovery
+  recovery=$({ grep '"kind":"recovered"' "$dir/events.jsonl" || true; } |
+    grep -oE '"recovery_seconds":[0-9.e+-]+' | cut -d: -f2 |
+    awk '{ s += $1; n++ } END { if (n) printf "%.3f", s / n; else print "-" }')
+  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost $recovery"
 }
 
-read -r t0 _ a0 _ < <(run clean 0 0)
-read -r td kd ad ld < <(run disk 0 1)
-read -r tm km am lm < <(run memory "$every" 1)
+read -r t0 _ a0 _ _ < <(run clean 0 0)
+read -r td kd ad ld rd < <(run disk 0 1)
+read -r tm km am lm rm < <(run memory "$every" 1)
+read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s"
-printf '%-34s %8s %6s %9s %9s %10s %9s\n' mode wall_s kills goodput s/failure lost_steps accuracy
-printf '%-34s %8.2f %6s %9s %9s %10s %9s\n' "uninterrupted" "$t0" 0 "100.0%" - - "$a0"
-for row in "disk (today, backups every 50)|$td|$kd|$ld|$ad" "memory (snapshots every $every)|$tm|$km|$lm|$am"; do
-  IFS='|' read -r name t k l a <<< "$row"
-  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %9s\n' "$name" "$t" "$k" \
-    "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" "$a"
+printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failure lost_steps \
+  recovery_s accuracy
+printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "uninterrupted" "$t0" 0 "100.0%" - - - "$a0"
+for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad" \
+  "memory (snapshots every $every)|$tm|$km|$lm|$rm|$am" \
+  "survivors (snapshots every $every)|$ts|$ks|$ls|$rs|$as"; do
+  IFS='|' read -r name t k l r a <<< "$row"
+  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s\n' "$name" "$t" "$k" \
+    "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" \
+    "$r" "$a"
 done

@@ -172,16 +172,16 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
   }
   std::string host = !options.host.empty() ? options.host : cluster_.host;
   if (host.empty()) host = cluster_.num_workers == 1 ? "127.0.0.1" : default_host(url);
-  collectives_ =
-      Collectives::connect(store_, {.rank = cluster_.rank,
-                                    .world_size = cluster_.num_workers,
-                                    .host = host,
-                                    .task = str_cat(cluster_.task_type, ":", cluster_.task_index),
-                                    .timeout = options.timeout,
-                                    .bucket_bytes = options.bucket_bytes,
-                                    .algorithm = options.algorithm,
-                                    .run_id = run_id,
-                                    .generation = generation});
+  connect_options_ = {.rank = cluster_.rank,
+                      .world_size = cluster_.num_workers,
+                      .host = host,
+                      .task = str_cat(cluster_.task_type, ":", cluster_.task_index),
+                      .timeout = options.timeout,
+                      .bucket_bytes = options.bucket_bytes,
+                      .algorithm = options.algorithm,
+                      .run_id = run_id,
+                      .generation = generation};
+  collectives_ = Collectives::connect(store_, connect_options_);
   check_same_build(*store_, run_id, *collectives_, options.timeout);
   DTRAIN_CHECK(!options.overlap_gradients || options.overlap_bucket_bytes > 0,
                "MultiWorkerMirroredStrategy: overlap_bucket_bytes must be positive");
@@ -199,6 +199,17 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
 }
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
+
+void MultiWorkerMirroredStrategy::rejoin(int64_t generation) {
+  DTRAIN_CHECK(generation >= 0, "MultiWorkerMirroredStrategy::rejoin: generation ", generation,
+               " must be >= 0");
+  // The failed context's pairs are closed (a broken context skips its closing barrier).
+  collectives_.reset();
+  connect_options_.generation = generation;
+  cluster_.generation = generation;
+  collectives_ = Collectives::connect(store_, connect_options_);
+  check_same_build(*store_, connect_options_.run_id, *collectives_, connect_options_.timeout);
+}
 
 void MultiWorkerMirroredStrategy::all_reduce_across_workers(std::span<Tensor> tensors,
                                                             ReduceOp op) {

@@ -13,6 +13,9 @@ namespace {
 constexpr milliseconds kMonitorPeriod(250);  // progress, heartbeats, other nodes
 constexpr milliseconds kPollPeriod(50);      // output, signals, exits
 constexpr milliseconds kDrainTime(1000);     // pipes a leftover grandchild holds
+// Survivors mode: workers that die within this long of the first are restarted with it (two
+// killed at once), instead of failing the next generation as it forms.
+constexpr milliseconds kSurvivorsSettle(50);
 }  // namespace
 
 GenerationSupervisor::GenerationSupervisor(const LauncherParts& parts, const Generation& g,
@@ -25,7 +28,10 @@ GenerationSupervisor::GenerationSupervisor(const LauncherParts& parts, const Gen
 
 Outcome GenerationSupervisor::run() {
   while (!over()) {
-    group_.pump_output(parts_.signals.fd(), kPollPeriod);
+    if (survivors_until_ && received_signal_ == 0 && Clock::now() >= *survivors_until_) {
+      return outcome();  // the survivors keep running; their pipes stay open
+    }
+    group_.pump_output(parts_.signals.fd(), survivors_until_ ? milliseconds(10) : kPollPeriod);
     forward_signals();
     handle_exits(group_.reap());
     if (!failure_ && !locally_done_ && !group_.any_running()) finish_locally();
@@ -84,6 +90,14 @@ void GenerationSupervisor::handle_exits(std::vector<Worker*> reaped) {
     if (w->code == 0) continue;
     if (!failure_) {
       fail(exit_failure(*w, o_.node_rank, o_.preemption_exit_code, Clock::now()));
+    } else if (survivors_until_ && received_signal_ == 0) {
+      // Died with the first (two workers killed at once): restarted with it.
+      Failure also = exit_failure(*w, o_.node_rank, o_.preemption_exit_code, Clock::now());
+      FaultEvent e = event_of(kEventFailure, g_.number, also);
+      e.message = also.what + " (with the first failure)";
+      e.time = also.detected_unix;
+      parts_.recorder.record(e);
+      say("failure: rank ", w->rank, " (pid ", w->pid, "): ", also.what, " (with the first)");
     } else if (!(w->rank == failure_->rank && failure_->ours)) {  // not the hung one we killed
       parts_.recorder.record(
           aftermath_event(*w, o_.node_rank, *failure_, o_.preemption_exit_code, g_.number));
@@ -93,7 +107,7 @@ void GenerationSupervisor::handle_exits(std::vector<Worker*> reaped) {
 
 void GenerationSupervisor::refresh_steps(const std::vector<Worker*>& reaped) {
   try {
-    for (const auto& [k, v] : parts_.rendezvous.progress(g_)) {
+    for (const auto& [k, v] : progress()) {
       const auto s = parse_int(v);
       const auto rank = parse_int(k.substr(k.rfind('/') + 1));
       if (!s || !rank) continue;
@@ -142,7 +156,7 @@ void GenerationSupervisor::check_health() {
 // elastic node waiting to join.
 void GenerationSupervisor::monitor() {
   const auto now = Clock::now();
-  const auto progress = parts_.rendezvous.progress(g_);
+  const auto progress = this->progress();
   note_progress(progress, now);
   parts_.recovery.observe(g_, parts_.rendezvous.client(), progress);
   std::map<std::string, milliseconds> ages;
@@ -178,7 +192,7 @@ bool GenerationSupervisor::catch_hung_worker(const std::map<std::string, millise
   const HangLimits limits{.watchdog_timeout_s = o_.watchdog_timeout_s,
                           .heartbeat_timeout_s = o_.heartbeat_timeout_s};
   for (Worker* w : suspects) {
-    const auto age = ages.find(worker_heartbeat_task(g_.number, w->rank));
+    const auto age = ages.find(worker_heartbeat_task(w->generation, w->rank));
     std::optional<Failure> f =
         detect_hang(*w, o_.node_rank, now,
                     age == ages.end() ? std::nullopt : std::optional(age->second), limits);
@@ -279,8 +293,49 @@ void GenerationSupervisor::fail(Failure f) {
         f.preemption ? "; preempted: stopping the other workers (no restart)"
                      : "; stopping the other workers");
   }
+  const bool survive = survivable(f);
   failure_ = std::move(f);
+  if (survive) {
+    say("survivors: the other workers keep running; restarting only the failed one(s)");
+    survivors_until_ = Clock::now() + kSurvivorsSettle;
+    return;
+  }
   stop_all(SIGTERM);
+}
+
+bool GenerationSupervisor::survivable(const Failure& f) {
+  if (o_.on_failure != "survivors" || multi_node() || !parts_.rendezvous.connected()) return false;
+  if (!f.rank || f.preemption || f.admit || f.lost_service || f.remote || received_signal_ != 0) {
+    return false;
+  }
+  int running = 0;
+  for (const auto& w : group_.workers()) running += w.running ? 1 : 0;
+  if (running == 0) return false;
+  // Every rank connected this generation's collectives (each publishes its build fingerprint
+  // right after): a survivor is then inside fit, where it catches the collective error. A
+  // failure while the group still forms restarts every worker instead.
+  try {
+    const auto built = parts_.rendezvous.client().get_prefix(
+        str_cat("dtrain/", o_.run_id, "/g", g_.number, "/build/"));
+    if (static_cast<int>(built.size()) >= g_.world_size) return true;
+  } catch (const Error& e) {
+    say("survivors: cannot read the generation's members (", e.what(), ")");
+    return false;
+  }
+  say("survivors: generation ", g_.number, " had not formed yet (not every rank connected); ",
+      "restarting every worker");
+  return false;
+}
+
+std::map<std::string, std::string> GenerationSupervisor::progress() {
+  if (o_.on_failure != "survivors") return parts_.rendezvous.progress(g_);
+  const auto all = parts_.rendezvous.client().get_prefix("progress/");
+  std::map<std::string, std::string> out;
+  for (const auto& w : group_.workers()) {
+    const auto it = all.find(progress_key(w.generation, w.rank));
+    if (it != all.end()) out[progress_key(g_.number, w.rank)] = it->second;
+  }
+  return out;
 }
 
 bool GenerationSupervisor::publish(Failure& f) {
@@ -321,6 +376,9 @@ Outcome GenerationSupervisor::outcome() const {
     if (failure_ && failure_->detector != "signal" && failure_->code != 0) code = failure_->code;
     out.end = End::kSignal;
     out.code = code != 0 ? code : 128 + received_signal_;
+  } else if (failure_ && survivors_until_) {
+    out.end = End::kSurvivors;
+    out.code = failure_->code;
   } else if (failure_) {
     out.end = End::kFailure;
     out.code = failure_->code;

@@ -32,7 +32,9 @@ struct LauncherParts {
 };
 
 // How a generation ended.
-enum class End { kCompleted, kFailure, kSignal };
+// kSurvivors (--on-failure survivors): workers failed, the others still run and wait for the
+// next generation (the group was not stopped).
+enum class End { kCompleted, kFailure, kSignal, kSurvivors };
 
 struct Outcome {
   End end = End::kCompleted;
@@ -75,6 +77,12 @@ class GenerationSupervisor {
   // is the job's first (this node won); false when another node's came first.
   bool publish(Failure& f);
   void stop_all(int sig);
+  // --on-failure survivors: whether failure `f` leaves the other workers running (one node, a
+  // worker's own failure, a generation whose every rank connected its collectives).
+  bool survivable(const Failure& f);
+  // The workers' newest steps, keyed "progress/<gen>/<rank>" for this generation: each worker's
+  // from the generation it was started in (survivors keep their first generation's keys).
+  std::map<std::string, std::string> progress();
   Outcome outcome() const;
 
   const LaunchOptions& o_;
@@ -84,6 +92,8 @@ class GenerationSupervisor {
   std::optional<Failure> failure_;  // what ends this generation
   std::optional<Clock::time_point> kill_at_;
   std::optional<Clock::time_point> drain_until_;
+  // Survivors mode: until when workers dying at the same moment join the failure.
+  std::optional<Clock::time_point> survivors_until_;
   Clock::time_point next_monitor_;
   bool locally_done_ = false;  // every worker here exited with 0 (multi-node: wait for the rest)
   bool completed_ = false;

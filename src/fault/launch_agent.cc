@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "dtrain/core/error.h"
@@ -27,6 +28,14 @@ namespace {
 
 namespace dist = dtrain::distribute;
 
+// --on-failure, for the workers (train/memory_snapshots.h reads it).
+constexpr const char* kEnvOnFailure = "DTRAIN_ON_FAILURE";
+// Where a survivor of generation `failed` learns the next one (train/memory_snapshots.h:
+// survivor_announcement_key).
+std::string announcement_key(const std::string& run_id, int64_t failed, int rank) {
+  return str_cat("dtrain/", run_id, "/launch/g", failed, "/next/", rank);
+}
+
 class Agent {
  public:
   explicit Agent(const LaunchOptions& o);
@@ -36,7 +45,12 @@ class Agent {
   bool multi_node() const { return o_.max_nodes > 1; }
   // The next generation, or nullopt when the job cannot go on (too few nodes left).
   std::optional<Generation> next_generation(const std::optional<Generation>& previous);
-  void announce(const Generation& g, bool restart);
+  void announce(const Generation& g, bool restart, bool survivors);
+  // --on-failure survivors, after generation `failed` ended with workers still running: tells
+  // each survivor the generation `g` to join and the snapshot to roll back to, and starts the
+  // failed workers again in `group`. False when they cannot continue (no snapshot that every rank
+  // holds, the service failed): the caller restarts every worker.
+  bool continue_survivors(const Generation& failed, const Generation& g, WorkerGroup& group);
   std::vector<std::string> worker_environment(const Generation& g, const Worker& w) const;
   int completed(const Generation& g, const Outcome& out);
   // Whether the job ends after failure `f` instead of restarting: preempted, no restarts left,
@@ -81,28 +95,107 @@ int Agent::run() {
                             .recovery = recovery_,
                             .signals = signals_};
   std::optional<Generation> previous;
+  WorkerGroup group;
+  bool survivors = false;  // the last generation ended with workers still running in `group`
   while (true) {
     const std::optional<Generation> g = next_generation(previous);
-    if (!g) return recovery_.pending_failure_code().value_or(1);
-    announce(*g, previous.has_value());
+    if (!g) {
+      if (survivors) group.stop(ms_of(o_.grace_period_s));
+      return recovery_.pending_failure_code().value_or(1);
+    }
+    if (survivors && (g->slots != previous->slots || g->world_size != previous->world_size)) {
+      say("survivors: the group changed (", previous->world_size, " -> ", g->world_size,
+          " workers); restarting every worker");
+      group.stop(ms_of(o_.grace_period_s));
+      survivors = false;
+    }
+    announce(*g, previous.has_value(), survivors);
     if (snapshots_) snapshots_->prepare(*g, rendezvous_.client(), recorder_, previous.has_value());
-    WorkerGroup group;
-    group.start(o_.command, g->slots, g->rank_offset,
-                [&](const Worker& w) { return worker_environment(*g, w); });
+    if (survivors && !continue_survivors(*previous, *g, group)) {
+      group.stop(ms_of(o_.grace_period_s));
+      survivors = false;
+    }
+    if (!survivors) {
+      group = WorkerGroup();
+      group.start(o_.command, g->slots, g->rank_offset,
+                  [&](const Worker& w) { return worker_environment(*g, w); });
+      for (auto& w : group.workers()) w.generation = g->number;
+    }
     const Outcome out = GenerationSupervisor(parts, *g, group).run();
     previous = g;
+    survivors = out.end == End::kSurvivors;
 
     if (out.end == End::kCompleted) return completed(*g, out);
     if (out.end == End::kSignal) return finish(*g, out.code);
     const Failure& f = *out.failure;
-    if (const std::optional<int> code = ends_the_job(*g, f)) return *code;
+    if (const std::optional<int> code = ends_the_job(*g, f)) {
+      if (survivors) group.stop(ms_of(o_.grace_period_s));
+      return *code;
+    }
     if (f.admit) {
       say("re-forming the group to admit the waiting node(s)");
     } else {
-      recovery_.restarting(f, out.step_seconds);
-      say("restarting the workers (restart ", recovery_.restarts(), " of ", o_.max_restarts, ")");
+      recovery_.restarting(f, out.step_seconds, survivors);
+      say(survivors ? "restarting the failed worker(s) (restart "
+                    : "restarting the workers (restart ",
+          recovery_.restarts(), " of ", o_.max_restarts, ")");
     }
   }
+}
+
+bool Agent::continue_survivors(const Generation& failed, const Generation& g, WorkerGroup& group) {
+  std::vector<Worker*> dead, alive;
+  for (auto& w : group.workers()) (w.running ? alive : dead).push_back(&w);
+  if (alive.empty()) return false;
+  for (const auto& w : group.workers()) {
+    if (!snapshots_ || !snapshots_->restore_of(w.rank)) {
+      say("survivors: no in-memory snapshot that every rank holds; restarting every worker");
+      return false;
+    }
+  }
+  // The survivors first (they wait in fit for this), then the new processes.
+  const std::string rank_list = [&] {
+    std::string out;
+    for (const Worker* w : alive) out += str_cat(out.empty() ? "" : ", ", w->rank);
+    return out;
+  }();
+  try {
+    for (Worker* w : alive) {
+      const auto [prefix, source] = *snapshots_->restore_of(w->rank);
+      const nlohmann::json j = {{"generation", g.number}, {"restore", prefix}, {"source", source}};
+      rendezvous_.client().set(announcement_key(o_.run_id, failed.number, w->rank), j.dump());
+    }
+  } catch (const Error& e) {
+    say("survivors: cannot tell the survivors about generation ", g.number, " (", e.what(),
+        "); restarting every worker");
+    return false;
+  }
+  // The watchdog counts a survivor's stall from now (it rolls back, and its steps go back too).
+  for (Worker* w : alive) w->step_changed = Clock::now();
+  std::string restarted;
+  for (Worker* w : dead) {
+    group.respawn(*w, o_.command, g.number,
+                  [&](const Worker& x) { return worker_environment(g, x); });
+    restarted += str_cat(restarted.empty() ? "" : ", ", w->rank, " (pid ", w->pid, ")");
+  }
+  FaultEvent e = event_of(kEventSurvivors, g.number);
+  e.node = o_.node_rank;
+  e.world_size = g.world_size;
+  e.restarts = recovery_.restarts();
+  if (dead.size() == 1) {
+    e.rank = dead[0]->rank;
+    e.pid = dead[0]->pid;
+  }
+  e.extra["survivors"] = rank_list;
+  e.extra["restarted"] = restarted;
+  std::string pids;
+  for (const Worker* w : alive) pids += str_cat(pids.empty() ? "" : ",", w->pid);
+  e.extra["survivor_pids"] = pids;
+  e.message = str_cat("rank(s) ", rank_list, " keep running (pids ", pids, ") and join generation ",
+                      g.number, "; restarted rank(s) ", restarted);
+  say(e.message);
+  recorder_.record(e);
+  return true;
 }
 
 std::optional<Generation> Agent::next_generation(const std::optional<Generation>& previous) {
@@ -117,16 +210,18 @@ std::optional<Generation> Agent::next_generation(const std::optional<Generation>
   }
 }
 
-void Agent::announce(const Generation& g, bool restart) {
+void Agent::announce(const Generation& g, bool restart, bool survivors) {
   FaultEvent start = event_of(restart ? kEventRestart : kEventStart, g.number);
   start.world_size = g.world_size;
   start.node = o_.node_rank;
   start.restarts = recovery_.restarts();
-  start.message =
-      restart ? str_cat("restarted the workers in generation ", g.number, " (", g.world_size,
-                        " workers, restart ", recovery_.restarts(), " of ", o_.max_restarts, ")")
-              : str_cat("started ", g.slots.size(), " workers of ", g.world_size, " in generation ",
-                        g.number);
+  if (survivors) start.extra["mode"] = "survivors";
+  start.message = restart ? str_cat(survivors ? "restarting the failed worker(s) in generation "
+                                              : "restarted the workers in generation ",
+                                    g.number, " (", g.world_size, " workers, restart ",
+                                    recovery_.restarts(), " of ", o_.max_restarts, ")")
+                          : str_cat("started ", g.slots.size(), " workers of ", g.world_size,
+                                    " in generation ", g.number);
   recovery_.started(g.number);
   if (restart) say(start.message);
   recorder_.record(start);
@@ -156,12 +251,13 @@ std::vector<std::string> Agent::worker_environment(const Generation& g, const Wo
   set.push_back(str_cat(kEnvHeartbeatTimeout, "=", o_.heartbeat_timeout_s));
   set.push_back(str_cat(kEnvProgressInterval, "=", progress_interval));
   set.push_back(str_cat("DTRAIN_PREEMPTION_EXIT_CODE=", o_.preemption_exit_code));
+  set.push_back(str_cat(kEnvOnFailure, "=", o_.on_failure));
   if (snapshots_) {
     for (std::string& v : snapshots_->environment(w.rank)) set.push_back(std::move(v));
   }
   return environment_with(
       {dist::kEnvMasterAddr, dist::kEnvMasterPort, "DTRAIN_SNAPSHOT_DIR", "DTRAIN_SNAPSHOT_RESTORE",
-       "DTRAIN_SNAPSHOT_SOURCE", "DTRAIN_SNAPSHOT_EVERY"},
+       "DTRAIN_SNAPSHOT_SOURCE", "DTRAIN_SNAPSHOT_EVERY", kEnvOnFailure},
       set);
 }
 

@@ -48,11 +48,13 @@ FaultEvent aftermath_event(const Worker& w, int node, const Failure& first,
   return e;
 }
 
-void RecoveryTracker::restarting(const Failure& f, std::optional<double> step_seconds) {
+void RecoveryTracker::restarting(const Failure& f, std::optional<double> step_seconds,
+                                 bool survivors) {
   ++restarts_;
   Recovery r;
   r.failure = f;
   r.step_seconds = step_seconds;
+  r.survivors = survivors;
   recovery_ = r;
 }
 
@@ -111,6 +113,7 @@ void RecoveryTracker::record_recovered(const Generation& g) {
   e.checkpoint = r.checkpoint;
   e.recovery_seconds = recovery;
   e.restarts = restarts_;
+  if (r.survivors) e.extra["mode"] = "survivors";
   std::string lost;
   if (r.failure.last_step && r.resumed_step && *r.failure.last_step >= *r.resumed_step) {
     e.lost_steps = *r.failure.last_step - *r.resumed_step;
@@ -127,7 +130,8 @@ void RecoveryTracker::record_recovered(const Generation& g) {
     lost = str_cat("; back to training ", fixed(recovery), " s after the failure");
   }
   e.message = str_cat(
-      r.failure.what, "; restarted",
+      r.failure.what,
+      r.survivors ? "; restarted it, the other workers kept running (survivors)" : "; restarted",
       r.resumed_step ? str_cat("; resumed", r.checkpoint.empty() ? "" : " from " + r.checkpoint,
                                " at step ", *r.resumed_step)
                      : std::string(),

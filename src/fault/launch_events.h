@@ -38,7 +38,8 @@ class RecoveryTracker {
   }
   // The group restarts after failure `f` (the job took `step_seconds` per step before it, when
   // known): counts the restart and follows it.
-  void restarting(const Failure& f, std::optional<double> step_seconds);
+  // `survivors`: only the failed workers restart (--on-failure survivors).
+  void restarting(const Failure& f, std::optional<double> step_seconds, bool survivors = false);
   // The restarted workers run in generation `generation`.
   void started(int64_t generation);
   // Reads where the workers of `g` resumed (once) and, given their newest steps `progress`,
@@ -51,6 +52,7 @@ class RecoveryTracker {
     Failure failure;
     int64_t generation = 0;
     std::optional<double> step_seconds;  // mean step time before the failure
+    bool survivors = false;              // the other workers kept running
     bool resumed_recorded = false;
     std::optional<int64_t> resumed_step;
     std::string checkpoint;

@@ -60,6 +60,20 @@ void validate_launch_options(const LaunchOptions& o) {
                "launch: --preemption-exit-code (or $DTRAIN_PREEMPTION_EXIT_CODE) ",
                o.preemption_exit_code, " is not an exit code in [1, 255]");
   const bool store_url = o.rdzv.find("://") != std::string::npos;
+  DTRAIN_CHECK(o.on_failure == "restart-all" || o.on_failure == "survivors",
+               "launch: --on-failure '", o.on_failure, "' must be restart-all or survivors");
+  if (o.on_failure == "survivors") {
+    DTRAIN_CHECK(
+        o.max_nodes == 1, "launch: --on-failure survivors runs on one node for now (got ",
+        "--nnodes ",
+        o.min_nodes == o.max_nodes ? str_cat(o.max_nodes) : str_cat(o.min_nodes, ":", o.max_nodes),
+        "); use --on-failure restart-all across nodes");
+    DTRAIN_CHECK(o.snapshot_every > 0,
+                 "launch: --on-failure survivors needs in-memory snapshots (--snapshot-every > 0): "
+                 "the survivors roll back to one");
+    DTRAIN_CHECK(!store_url, "launch: --on-failure survivors needs the coordination service, not ",
+                 o.rdzv);
+  }
   // On etcd every node serves the coordination state from etcd; on a file or Redis store there
   // is none.
   const bool etcd = o.rdzv.rfind("etcd://", 0) == 0;

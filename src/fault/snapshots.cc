@@ -394,6 +394,12 @@ std::vector<std::string> SnapshotKeeper::environment(int rank) const {
   return out;
 }
 
+std::optional<std::pair<std::string, std::string>> SnapshotKeeper::restore_of(int rank) const {
+  const auto it = restore_.find(rank);
+  if (it == restore_.end()) return std::nullopt;
+  return std::make_pair(it->second, source_.at(rank));
+}
+
 void SnapshotKeeper::replicate() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {

@@ -60,6 +60,9 @@ class SnapshotKeeper {
                bool restart);
   // The snapshot variables for the worker of global rank `rank` in the prepared generation.
   std::vector<std::string> environment(int rank) const;
+  // The prepared generation's snapshot for rank `rank` (prefix, where it came from), or nullopt
+  // when there is no complete set (the workers restore from disk).
+  std::optional<std::pair<std::string, std::string>> restore_of(int rank) const;
   const std::string& directory() const { return dir_; }
 
  private:

@@ -44,6 +44,43 @@ void WorkerGroup::start(const std::vector<std::string>& command, const std::vect
   }
 }
 
+void WorkerGroup::respawn(Worker& w, const std::vector<std::string>& command, int64_t generation,
+                          const Environment& environment) {
+  DTRAIN_CHECK(!w.running, "launch: rank ", w.rank, " still runs; cannot start it again");
+  for (Stream* s : {&w.out, &w.err}) close_stream(*s, w.prefix);
+  w.generation = generation;
+  w.status = 0;
+  w.code = 0;
+  w.step.reset();
+  w.step_changed = Clock::now();
+  const Process p = spawn_process(command, environment(w), str_cat("rank ", w.rank));
+  w.pid = p.pid;
+  w.out = p.out;
+  w.err = p.err;
+  w.running = true;
+}
+
+void WorkerGroup::stop(milliseconds grace) {
+  signal(SIGTERM);
+  const auto kill_at = Clock::now() + grace;
+  while (any_running()) {
+    pump_output(-1, milliseconds(20));
+    reap();
+    if (Clock::now() >= kill_at) {
+      kill_stragglers();
+      for (auto& w : workers_) {
+        if (!w.running) continue;
+        ::waitpid(w.pid, &w.status, 0);
+        w.running = false;
+        w.code = exit_code_of(w.status);
+      }
+    }
+  }
+  for (auto& w : workers_) {
+    for (Stream* s : {&w.out, &w.err}) close_stream(*s, w.prefix);
+  }
+}
+
 bool WorkerGroup::any_running() const {
   return std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; });
 }

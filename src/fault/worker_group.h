@@ -20,7 +20,8 @@ struct Worker {
   int slot = 0;
   int rank = 0;
   int local_rank = 0;
-  pid_t pid = -1;  // also its process group
+  pid_t pid = -1;          // also its process group
+  int64_t generation = 1;  // the generation it was started in (its progress and heartbeat keys)
   bool running = false;
   int status = 0;  // waitpid status once exited
   int code = 0;    // exit code, or 128 + signal
@@ -40,6 +41,15 @@ class WorkerGroup {
   // (NotFoundError, FailedPreconditionError from spawn_process).
   void start(const std::vector<std::string>& command, const std::vector<int>& slots,
              int rank_offset, const Environment& environment);
+
+  // Starts worker `w` (exited) again in place: same slot and ranks, in generation `generation`
+  // (--on-failure survivors). What is left of its old pipes is forwarded first. Throws as
+  // start() does.
+  void respawn(Worker& w, const std::vector<std::string>& command, int64_t generation,
+               const Environment& environment);
+  // Stops every running worker: SIGTERM, SIGKILL after `grace`, then reaps them and closes
+  // their output (the launcher falls back from survivors to restarting every worker).
+  void stop(milliseconds grace);
 
   std::vector<Worker>& workers() { return workers_; }
   bool any_running() const;

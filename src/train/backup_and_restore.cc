@@ -10,6 +10,7 @@
 #include "dtrain/checkpoint/checkpoint_manager.h"
 #include "dtrain/distribute/coordination.h"
 #include "dtrain/distribute/launcher_env.h"
+#include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/nn/attention.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/ops/tensor_ops.h"
@@ -139,7 +140,9 @@ void remove_backup_files(const std::string& dir) {
 // Under dtrain launch with a coordination service, tells the launcher where this worker
 // resumed ("resumed/<generation>/<rank>" = the global step), so its restart report can say how
 // much work was lost. Best effort: a failure to report never stops training.
-void report_resume_to_launcher(const std::string& path, int64_t global_step) {
+// `generation`: the one this worker resumed in (default: the one it was started in).
+void report_resume_to_launcher(const std::string& path, int64_t global_step,
+                               std::optional<int64_t> generation = std::nullopt) {
   try {
     if (!distribute::LauncherEnv::present()) return;
     const distribute::LauncherEnv env = distribute::LauncherEnv::from_environment();
@@ -147,9 +150,11 @@ void report_resume_to_launcher(const std::string& path, int64_t global_step) {
     distribute::CoordinationClient client(
         env.master->to_string(),
         {.connect_timeout = std::chrono::seconds(5), .rpc_timeout = std::chrono::seconds(5)});
-    client.set(str_cat("resumed/", env.generation, "/", env.rank), std::to_string(global_step));
-    client.set(str_cat("resumed_from/", env.generation, "/", env.rank),
+    const int64_t g = generation.value_or(env.generation);
+    // resumed_from first: the launcher reads it once it sees resumed.
+    client.set(str_cat("resumed_from/", g, "/", env.rank),
                std::filesystem::path(path).filename().string());
+    client.set(str_cat("resumed/", g, "/", env.rank), std::to_string(global_step));
   } catch (const Error& e) {
     std::cerr << "BackupAndRestore: could not report the resume point to the launcher: " << e.what()
               << "\n";
@@ -176,9 +181,16 @@ void BackupAndRestore::on_train_begin(const Logs&) {
     }
   }
   if (!restored_from_) return;
-  State& st = *state_;
   TrainingState& ts = state_of(*model(), "BackupAndRestore");
   DTRAIN_CHECK(ts.loop != nullptr, "BackupAndRestore: on_train_begin outside fit()");
+  resume_loop(ts);
+  std::cerr << "BackupAndRestore: resumed from " << *restored_from_ << " at epoch "
+            << state_->epoch + 1 << ", step " << state_->step << "\n";
+  report_resume_to_launcher(*restored_from_, ts.optimizer->iterations());
+}
+
+void BackupAndRestore::resume_loop(TrainingState& ts) {
+  State& st = *state_;
   for (size_t i = 0; i < st.dropouts.size(); ++i) st.dropouts[i]->set_rng_state(st.dropout_rngs[i]);
   const double* ms = st.metric_state.data<double>();
   for (size_t i = 0; i < st.metrics.size(); ++i) st.metrics[i]->set_state(ms[2 * i], ms[2 * i + 1]);
@@ -188,9 +200,24 @@ void BackupAndRestore::on_train_begin(const Logs&) {
                  .data_seed = std::nullopt};
   if (st.has_seed) at.data_seed = static_cast<uint64_t>(st.data_seed);
   ts.loop->resume_at(at, *restored_from_);
-  std::cerr << "BackupAndRestore: resumed from " << *restored_from_ << " at epoch " << st.epoch + 1
-            << ", step " << st.step << "\n";
-  report_resume_to_launcher(*restored_from_, ts.optimizer->iterations());
+}
+
+bool BackupAndRestore::rejoin_after_failure() {
+  if (!state_ || !snapshots_ || !MemorySnapshots::survives_failures()) return false;
+  TrainingState& ts = state_of(*model(), "BackupAndRestore");
+  auto* strategy = dynamic_cast<distribute::MultiWorkerMirroredStrategy*>(ts.strategy);
+  if (strategy == nullptr || ts.loop == nullptr || !strategy->collectives().broken()) return false;
+  const int64_t failed = strategy->collectives().generation();
+  const NextGeneration next = MemorySnapshots::await_next_generation(failed);
+  strategy->rejoin(next.generation);
+  if (state_->manager) state_->manager->sync();  // the chief's backups in flight
+  snapshots_->roll_back(*state_->ckpt, next);
+  restored_from_ = next.restore;
+  resume_loop(ts);
+  std::cerr << "BackupAndRestore: generation " << next.generation << " resumes at epoch "
+            << state_->epoch + 1 << ", step " << state_->step << "\n";
+  report_resume_to_launcher(next.restore, ts.optimizer->iterations(), next.generation);
+  return true;
 }
 
 void BackupAndRestore::backup() {

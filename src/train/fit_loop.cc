@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <utility>
 
 #include "dtrain/core/error.h"
 #include "dtrain/train/backup_and_restore.h"
@@ -10,6 +11,7 @@
 #include "dtrain/train/step_observer.h"
 #include "dtrain/train/tensorboard.h"
 #include "evaluation.h"
+#include "memory_snapshots.h"
 #include "progress_bar.h"
 
 namespace dtrain::train {
@@ -126,7 +128,8 @@ History FitLoop::run() {
     if (!run_epoch(epoch, step, resumed, next_epoch, next_step)) break;
     epoch = next_epoch;
     step = next_step;
-    resumed = false;
+    // A survivor that rejoined after a failure continues its restored epoch's metric sums.
+    resumed = std::exchange(rejoined_, false) && step > 0;
   }
   step_->sync_model();
   step_->end(verbose_);
@@ -178,13 +181,21 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
     for (int64_t i = 0; i < n; ++i) {
       for (const auto& cb : callbacks_) cb->on_train_batch_begin(step + i, logs_);
     }
-    if (!step_begun_) {
-      // Fix the variable list for the whole run.
-      if (!model_.built()) model_.build(element_[0].shape().without_first());
-      step_->begin();
-      step_begun_ = true;
+    StepOutcome outcome;
+    try {
+      if (!step_begun_) {
+        // Fix the variable list for the whole run.
+        if (!model_.built()) model_.build(element_[0].shape().without_first());
+        step_->begin();
+        step_begun_ = true;
+      }
+      outcome = step_->run(inputs_);
+    } catch (const Error&) {
+      if (!rejoin_after_failure()) throw;
+      next_epoch = resume_->epoch;
+      next_step = resume_->step_in_epoch;
+      return true;
     }
-    const StepOutcome outcome = step_->run(inputs_);
     if (outcome.rewind) {
       if (outcome.rewind->epoch != epoch) {
         next_epoch = outcome.rewind->epoch;
@@ -218,7 +229,14 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
     if (s_.stop_training) break;
   }
   DTRAIN_CHECK(step > 0 || out_of_data_, "fit: the training dataset is empty");
-  s_.all_reduce_metrics();
+  try {
+    s_.all_reduce_metrics();
+  } catch (const Error&) {
+    if (!rejoin_after_failure()) throw;
+    next_epoch = resume_->epoch;
+    next_step = resume_->step_in_epoch;
+    return true;
+  }
   s_.fill_logs(logs_);
   step_->end_epoch(logs_);
   if (validation_ && step > 0) {
@@ -249,6 +267,45 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
 
 void FitLoop::before_checkpoint() {
   if (step_begun_) step_->before_checkpoint();
+}
+
+bool FitLoop::rejoin_after_failure() {
+  if (!MemorySnapshots::survives_failures()) return false;
+  BackupAndRestore* backups = nullptr;
+  for (const auto& cb : callbacks_) {
+    if (auto* b = dynamic_cast<BackupAndRestore*>(cb.get()); b != nullptr && !backups) backups = b;
+  }
+  if (backups == nullptr) return false;
+  // The failed generation's step (and the reductions that hold its collectives) goes first.
+  step_.reset();
+  while (true) {
+    if (!backups->rejoin_after_failure()) return false;
+    // The collectives a fresh fit() runs before its first step, in its order, so that the
+    // survivors meet the restarted workers': fit(x, y)'s shuffle-seed agreement under several
+    // workers (Model::fit in fit.cc; the value is the snapshot's anyway), then the chief's
+    // broadcast in the new step's begin().
+    if (!position_.data_seed || s_.strategy->num_workers() == 1) break;
+    try {
+      const uint64_t mine = *position_.data_seed & ((uint64_t{1} << 52) - 1);
+      s_.strategy->all_reduce_scalar(s_.strategy->is_chief() ? static_cast<double>(mine) : 0.0,
+                                     distribute::ReduceOp::kSum);
+      break;
+    } catch (const Error&) {
+      // A peer failed again: the generation after this one.
+    }
+  }
+  // A fresh step on the new collectives, whose begin() broadcasts the chief's variables as the
+  // restarted workers' does (the values are the snapshot's everywhere).
+  step_ = make_replicated_step(model_, s_, options_);
+  step_begun_ = false;
+  s_.variables_synced = false;
+  if (resume_->data_seed && resume_->data_seed != position_.data_seed) {
+    dataset_ = make_dataset_(resume_->data_seed);
+    position_.data_seed = resume_->data_seed;
+  }
+  if (stream_) stream_.emplace(dataset_.iterator_from(resume_->data_position));
+  rejoined_ = true;
+  return true;
 }
 
 void FitLoop::on_skipped_step(int64_t epoch, int64_t step) {

@@ -55,6 +55,10 @@ class FitLoop {
   // to another epoch (else they stay epoch + 1, 0).
   bool run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next_epoch,
                  int64_t& next_step);
+  // Under `dtrain launch --on-failure survivors`, after the step's collectives failed: joins the
+  // next generation with the state of the agreed snapshot (BackupAndRestore::rejoin_after_failure)
+  // and sets resume_ to its position; false when this worker does not survive failures.
+  bool rejoin_after_failure();
   // After a step that skipped its update: counts, and rolls back after too many in a row.
   void on_skipped_step(int64_t epoch, int64_t step);
   [[noreturn]] void preempted(int64_t epoch, int64_t step);
@@ -78,6 +82,7 @@ class FitLoop {
   std::optional<data::Iterator> stream_;
   bool out_of_data_ = false;
   bool step_begun_ = false;
+  bool rejoined_ = false;  // rejoin_after_failure() set resume_: continue at its epoch and step
   int64_t nonfinite_in_a_row_ = 0;
   int64_t steps_run_ = 0;  // steps this fit() ran, resumed ones not counted
   FitPosition position_;

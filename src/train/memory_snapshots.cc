@@ -5,8 +5,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"
+#include "dtrain/distribute/coordination.h"
+#include "dtrain/distribute/launcher_env.h"
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/train/backup_and_restore.h"
 #include "fit_loop.h"
@@ -22,6 +25,64 @@ std::atomic<bool> active{false};
 std::atomic<bool> restored{false};
 
 }  // namespace
+
+std::string survivor_announcement_key(const std::string& run_id, int64_t generation, int rank) {
+  return str_cat("dtrain/", run_id, "/launch/g", generation, "/next/", rank);
+}
+
+bool MemorySnapshots::survives_failures() {
+  const char* mode = std::getenv(kEnvOnFailure);
+  if (mode == nullptr || std::string(mode) != "survivors") return false;
+  if (!distribute::LauncherEnv::present()) return false;
+  return distribute::LauncherEnv::from_environment().rdzv_is_coordinator();
+}
+
+NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
+                                                      std::chrono::milliseconds timeout) {
+  const distribute::LauncherEnv env = distribute::LauncherEnv::from_environment();
+  const std::string key = survivor_announcement_key(env.run_id, generation, env.rank);
+  std::cerr << "fit: the collectives of generation " << generation
+            << " failed; this worker keeps running and waits for the next generation\n";
+  distribute::CoordinationClient client(
+      env.rdzv, {.connect_timeout = std::chrono::seconds(10), .rpc_timeout = timeout});
+  const std::string text = client.get(key, timeout);
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  NextGeneration next;
+  try {
+    next.generation = j.at("generation").get<int64_t>();
+    next.restore = j.at("restore").get<std::string>();
+    next.source = j.value("source", std::string());
+  } catch (const std::exception&) {
+    throw DataLossError(str_cat("fit: the launcher's announcement ", key, " = '", text,
+                                "' is not {\"generation\", \"restore\", \"source\"}"));
+  }
+  DTRAIN_CHECK(next.generation > generation && !next.restore.empty(), "fit: the launcher's ",
+               "announcement ", key, " = '", text, "' names no later generation and snapshot");
+  return next;
+}
+
+void MemorySnapshots::roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next) {
+  // Every write in flight lands (or fails) before the state is replaced under it.
+  if (manager_) {
+    try {
+      manager_->sync();
+    } catch (const Error& e) {
+      std::cerr << "BackupAndRestore: an in-memory snapshot failed: " << e.what() << "\n";
+    }
+  }
+  try {
+    ckpt.restore(next.restore).assert_existing_objects_matched();
+  } catch (const Error& e) {
+    throw DataLossError(str_cat("BackupAndRestore: cannot roll back to the agreed in-memory ",
+                                "snapshot ", next.restore, ": ", e.what()));
+  }
+  last_ = -1;
+  std::cerr << "BackupAndRestore: rolled back to "
+            << std::filesystem::path(next.restore).filename().string() << " from "
+            << (next.source.empty() ? "the launcher's memory" : next.source)
+            << " in the surviving process (no disk read); joining generation " << next.generation
+            << "\n";
+}
 
 std::unique_ptr<MemorySnapshots> MemorySnapshots::from_environment(std::optional<int64_t> every) {
   DTRAIN_CHECK(!every || *every >= 0, "BackupAndRestore: snapshot_every must be >= 0, got ",

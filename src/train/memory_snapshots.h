@@ -5,6 +5,11 @@
 //   DTRAIN_SNAPSHOT_EVERY    the schedule, in steps (--snapshot-every), when fit() names none
 //   DTRAIN_SNAPSHOT_RESTORE  after a failure: the snapshot (a checkpoint prefix in its memory)
 //                            that the launchers agreed every member holds, to resume from
+//   DTRAIN_ON_FAILURE        "survivors" (--on-failure survivors): a worker whose collective
+//                            fails keeps its process and waits for the next generation, which
+//                            its launcher announces on the coordination service under
+//                            dtrain/<run>/launch/g<gen>/next/<rank> (survivor_announcement_key)
+//                            as JSON {"generation", "restore", "source"}
 // A snapshot is a TensorFlow-format checkpoint over the very objects a backup tracks (so it
 // restores exactly what a backup restores), written through an async Checkpoint: the training
 // thread copies the values (the copy is isolated from later updates) and a writer thread writes
@@ -12,6 +17,7 @@
 // that a snapshot is complete. Private to src/train; used by BackupAndRestore only.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,6 +37,17 @@ inline constexpr const char* kEnvSnapshotDir = "DTRAIN_SNAPSHOT_DIR";
 inline constexpr const char* kEnvSnapshotEvery = "DTRAIN_SNAPSHOT_EVERY";
 inline constexpr const char* kEnvSnapshotRestore = "DTRAIN_SNAPSHOT_RESTORE";
 inline constexpr const char* kEnvSnapshotSource = "DTRAIN_SNAPSHOT_SOURCE";
+inline constexpr const char* kEnvOnFailure = "DTRAIN_ON_FAILURE";
+
+// Where the launcher announces the generation after `generation` to the surviving worker `rank`.
+std::string survivor_announcement_key(const std::string& run_id, int64_t generation, int rank);
+
+// What a surviving worker is told: the generation to join and the snapshot to roll back to.
+struct NextGeneration {
+  int64_t generation = 0;
+  std::string restore;  // checkpoint prefix of the agreed snapshot (in the launcher's tmpfs)
+  std::string source;   // where it came from, for the log
+};
 
 class MemorySnapshots {
  public:
@@ -51,6 +68,19 @@ class MemorySnapshots {
   // snapshot when it cannot be restored (never falls back silently: the other workers resume
   // from the same step).
   std::optional<std::string> restore_agreed(checkpoint::Checkpoint& ckpt);
+  // Whether this worker survives its peers' failures: it runs under `dtrain launch --on-failure
+  // survivors` (DTRAIN_ON_FAILURE) with a coordination service.
+  static bool survives_failures();
+  // A survivor whose collectives of generation `generation` failed: waits (up to `timeout`) for
+  // its launcher to announce the next generation to this rank. Throws DeadlineExceededError when
+  // none came (the launcher restarts every worker instead, and stops this one meanwhile),
+  // UnavailableError when the service cannot be reached, DataLossError for a malformed value.
+  static NextGeneration await_next_generation(
+      int64_t generation, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  // Rolls this process back to snapshot `prefix` (a survivor joining the next generation): waits
+  // for the pending snapshot writes, restores `prefix` into `ckpt`, and continues the schedule
+  // from its step. Throws DataLossError naming the snapshot when it cannot be restored.
+  void roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next);
   // After a step: at a snapshot step, captures `backups`' state and hands it to the writer.
   void after_step(BackupAndRestore& backups, TrainingState& ts);
   // Waits for the pending writes (errors are warned about: a snapshot never stops training).

@@ -5,11 +5,13 @@
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
 //              [--step-delay-us U] [--sync-bn 1] [--resnet 1] [--batch-size B]
 //              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
-//              [--sharded-checkpoints 1] [--exit-at-epoch E]
+//              [--sharded-checkpoints 1] [--exit-at-epoch E] [--report-progress 1]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
 // backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
+// --report-progress 1: under dtrain launch, report steps and heartbeats to the launcher
+// (fault::install_progress_reporter), as the dtrain binary does.
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -25,6 +27,7 @@
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
+#include "dtrain/fault/progress_reporter.h"
 #include "dtrain/nn/activations.h"
 #include "dtrain/nn/convolutional.h"
 #include "dtrain/nn/functional.h"
@@ -211,6 +214,7 @@ int main(int argc, char** argv) {
   int replicas = 1, epochs = 2;
   int64_t verify_every = 0;
   Backup backup;
+  bool report_progress = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--mode")
@@ -247,12 +251,15 @@ int main(int argc, char** argv) {
       backup.sharded = v == "1";
     else if (k == "--exit-at-epoch")
       backup.exit_at_epoch = std::atoll(v.c_str());
+    else if (k == "--report-progress")
+      report_progress = v == "1";
     else {
       std::fprintf(stderr, "error: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
   try {
+    if (report_progress) fault::install_progress_reporter();
     return run(mode, out, replicas, epochs, verify_every, backup);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s: %s\n", error_code_name(e.code()), e.what());

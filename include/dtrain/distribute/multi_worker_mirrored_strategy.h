@@ -83,6 +83,14 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
                                                               std::span<Tensor> extra,
                                                               optim::Optimizer& optimizer) override;
 
+  // Re-creates the collectives in this process under rendezvous generation `generation` (a
+  // fresh Gloo context under the new store prefix, dtrain/<run>/g<generation>/), with the same
+  // rank and world size: how a worker that survived a peer's failure joins the next generation
+  // (`dtrain launch --on-failure survivors`). The failed context is closed first; objects that
+  // hold the old collectives (overlapped reductions, ZeRO updates) must be gone. Blocks up to
+  // options.timeout; throws what the constructor's rendezvous throws.
+  void rejoin(int64_t generation);
+
   const ClusterSpec& cluster() const { return cluster_; }
   Collectives& collectives() { return *collectives_; }
 
@@ -91,6 +99,7 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   std::unique_ptr<CoordinationServer> server_;  // rank 0, when it serves the rendezvous
   std::shared_ptr<KeyValueStore> store_;
   std::unique_ptr<Collectives> collectives_;
+  CollectiveOptions connect_options_;  // how collectives_ was connected (rejoin re-uses them)
   bool overlap_gradients_ = false;
   size_t overlap_bucket_bytes_ = 0;
   int shard_optimizer_state_ = 0;

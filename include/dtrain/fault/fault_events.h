@@ -22,8 +22,10 @@ namespace dtrain::fault {
 inline constexpr const char* kEventStart = "start";      // a generation's workers started
 inline constexpr const char* kEventFailure = "failure";  // the first failure of a generation
 inline constexpr const char* kEventPeerFailure = "peer_failure";  // a worker failed because of it
-inline constexpr const char* kEventStopped = "stopped";      // a worker stopped by the launcher
-inline constexpr const char* kEventRestart = "restart";      // the group restarts
+inline constexpr const char* kEventStopped = "stopped";  // a worker stopped by the launcher
+inline constexpr const char* kEventRestart = "restart";  // the group restarts
+// --on-failure survivors: only the failed workers restart; the others keep running.
+inline constexpr const char* kEventSurvivors = "survivors";
 inline constexpr const char* kEventExclude = "exclude";      // a slot or node is excluded
 inline constexpr const char* kEventResumed = "resumed";      // restarted workers resumed
 inline constexpr const char* kEventRecovered = "recovered";  // first step after a restart

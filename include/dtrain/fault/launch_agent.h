@@ -40,6 +40,10 @@ struct LaunchOptions {
   int64_t snapshot_every = 10;       // workers' in-memory snapshots every this many steps, kept
                                      // here and by a ring neighbour; 0: none (--snapshot-every)
   std::string snapshot_root = "";    // where the snapshots' tmpfs directory goes; empty: /dev/shm
+  // --on-failure: "restart-all" stops and restarts every worker after a failure; "survivors"
+  // restarts only the failed workers while the others keep their processes and roll back to the
+  // newest in-memory snapshot every rank holds (one node, snapshots, the coordination service).
+  std::string on_failure = "restart-all";
   std::vector<std::string> command;  // the worker's command line (run through PATH)
 };
 

@@ -44,6 +44,7 @@ struct BackupAndRestoreOptions {
 };
 
 class MemorySnapshots;
+class TrainingState;
 
 class BackupAndRestore : public Callback {
  public:
@@ -59,6 +60,12 @@ class BackupAndRestore : public Callback {
   void on_preemption(int64_t epoch, int64_t step_in_epoch) override;
   // Restores the model and optimizer (not the data position) from the newest backup.
   bool restore_last_good() override;
+  // Under `dtrain launch --on-failure survivors`, after the collectives of fit() failed (a peer
+  // died): waits for the launcher's next generation, re-creates the strategy's collectives in
+  // this process, rolls the whole state back to the snapshot every member holds and hands the
+  // loop that position. False when this worker does not survive failures (another mode, no
+  // snapshots, no multi-worker strategy, or the collectives did not fail): the caller rethrows.
+  bool rejoin_after_failure();
 
   // The checkpoint restored at the start of the last fit(), if any.
   const std::optional<std::string>& restored_from() const { return restored_from_; }
@@ -72,6 +79,9 @@ class BackupAndRestore : public Callback {
   void attach();
   // Copies the loop's position, Dropout RNGs and metric sums into the tracked plain values.
   void capture();
+  // After a restore into the tracked values: sets the Dropout RNGs and metric sums and hands the
+  // loop the restored position.
+  void resume_loop(TrainingState& ts);
 
   std::string dir_;
   BackupAndRestoreOptions options_;

@@ -1,0 +1,283 @@
+// Survivors keep running (`dtrain launch --on-failure survivors`, docs/fault-tolerance.md):
+// MultiWorkerMirrored fits (the fit_worker program) under a real launcher on 127.0.0.1 whose
+// workers are SIGKILLed at random moments — one at a time, and two at once. Only the killed
+// workers are started again; the others catch the collective error inside fit, keep their
+// process, join the next generation's fresh Gloo context and roll back to the newest snapshot
+// every rank holds. Each job must end with weights and optimizer state bitwise equal to an
+// uninterrupted run, and the survivors' pids must not change across a failure.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "distribute_process.h"
+
+namespace dtrain::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+const std::string kDtrain = DTRAIN_BINARY;
+const std::string kWorker = DTRAIN_FIT_WORKER;
+constexpr int kEpochs = 80;  // 12 steps each: 960 steps
+
+// Pids of the live direct children of `parent`.
+std::vector<pid_t> children(pid_t parent) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat;
+    try {
+      std::ifstream f(e.path() / "stat");
+      stat.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    } catch (const std::exception&) {
+      continue;  // the process ended while it was read
+    }
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && state != 'Z') out.push_back(std::stoi(name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> worker(const std::string& out, bool backups) {
+  std::vector<std::string> a = {kWorker,
+                                "--mode",
+                                "multi-worker",
+                                "--out",
+                                out,
+                                "--epochs",
+                                std::to_string(kEpochs),
+                                "--step-delay-us",
+                                "1000",
+                                "--report-progress",
+                                "1"};
+  if (backups) a.insert(a.end(), {"--checkpoint-dir", out + ".ckpt", "--checkpoint-every", "400"});
+  return a;
+}
+
+std::vector<std::string> launcher(int workers, std::vector<std::string> flags,
+                                  const std::string& events, const std::vector<std::string>& cmd) {
+  std::vector<std::string> a = {
+      kDtrain,          "launch", "--nproc-per-node", std::to_string(workers),
+      "--max-restarts", "40",     "--grace-period",   "1",
+      "--event-log",    events};
+  a.insert(a.end(), flags.begin(), flags.end());
+  a.push_back("--");
+  a.insert(a.end(), cmd.begin(), cmd.end());
+  return a;
+}
+
+std::vector<nlohmann::json> events(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& all, const std::string& k) {
+  std::vector<nlohmann::json> out;
+  for (const auto& e : all) {
+    if (e.value("kind", "") == k) out.push_back(e);
+  }
+  return out;
+}
+
+std::string tail(const std::string& s) { return s.substr(s.size() > 8000 ? s.size() - 8000 : 0); }
+
+// The uninterrupted run of `workers` workers (no backups, no snapshots): rank 0's variables.
+std::string reference(int workers) {
+  const std::string dir = make_temp_dir();
+  Process ref = spawn(launcher(workers, {"--snapshot-every", "0"}, dir + "/ref-events.jsonl",
+                               worker(dir + "/ref.bin", false)),
+                      {}, dir + "/ref.log");
+  const int code = wait_for(ref, Clock::now() + std::chrono::seconds(150));
+  std::string out;
+  bool same = code == 0;
+  for (int r = 1; r < workers && same; ++r) {
+    same =
+        read_file(dir + "/ref.bin.rank0") == read_file(dir + "/ref.bin.rank" + std::to_string(r));
+  }
+  if (same) {
+    out = read_file(dir + "/ref.bin.rank0");
+  } else {
+    std::fprintf(stderr, "reference run failed (%d):\n%s\n", code, read_file(ref.log).c_str());
+  }
+  std::system(("rm -rf " + dir).c_str());
+  return out;
+}
+
+class LaunchSurvivors : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir(); }
+  void TearDown() override {
+    if (!HasFailure()) std::system(("rm -rf " + dir_).c_str());
+  }
+
+  Process start(int workers, const std::string& mode) {
+    return spawn(
+        launcher(workers,
+                 {"--on-failure", mode, "--snapshot-every", "3", "--snapshot-root", dir_ + "/shm"},
+                 dir_ + "/events.jsonl", worker(dir_ + "/out.bin", true)),
+        {}, dir_ + "/job.log");
+  }
+
+  // Processes of the job that have trained a step: each fit_worker prints "first step done"
+  // once (a survivor does not print it again after a failure; a restarted worker does).
+  int trained() const {
+    const std::string log = read_file(dir_ + "/job.log");
+    int n = 0;
+    for (size_t at = log.find("first step done"); at != std::string::npos;
+         at = log.find("first step done", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
+  // Waits (bounded) until `p` runs `n` workers and `trained()` reached `count`. False when the
+  // job ended or the wait ran out.
+  bool wait_trained(Process& p, size_t n, int count) {
+    const auto deadline = Clock::now() + std::chrono::seconds(90);
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+        p.pid = -1;
+        return false;
+      }
+      if (children(p.pid).size() == n && trained() >= count) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  // Kills `victims` random workers at once, `rounds` times, each `lo`..`hi` ms after the group
+  // trains again (every worker has taken a step since the last kill), and records whether every
+  // worker that was not killed kept its pid across the failure. Returns the kills done.
+  int kill_rounds(Process& p, size_t workers, size_t victims, int rounds, std::mt19937& rng, int lo,
+                  int hi) {
+    std::uniform_int_distribution<int> delay_ms(lo, hi);
+    int kills = 0;
+    int expect = static_cast<int>(workers);  // "first step done" lines once all train
+    for (int round = 0; round < rounds; ++round) {
+      if (!wait_trained(p, workers, expect)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+      const std::vector<pid_t> before = children(p.pid);
+      if (before.size() != workers) continue;
+      std::vector<pid_t> pick = before;
+      std::shuffle(pick.begin(), pick.end(), rng);
+      pick.resize(victims);
+      const int trained_before = trained();
+      for (pid_t v : pick) {
+        if (kill(v, SIGKILL) == 0) ++kills;
+      }
+      // Training again: the restarted workers took a step (all of them after a restart-all).
+      expect = trained_before + static_cast<int>(victims);
+      if (!wait_trained(p, workers, expect)) break;
+      const std::vector<pid_t> after = children(p.pid);
+      const bool kept = std::all_of(before.begin(), before.end(), [&](pid_t b) {
+        return std::find(pick.begin(), pick.end(), b) != pick.end() ||
+               std::find(after.begin(), after.end(), b) != after.end();
+      });
+      (kept ? kept_ : lost_) += 1;
+    }
+    return kills;
+  }
+
+  // Checks the job's end: exit 0, every rank's variables bitwise equal to `ref`, "survivors"
+  // events that name the pids that kept running, and survivor rollbacks from memory.
+  void check_result(Process& p, int workers, const std::string& ref, int kills) {
+    const int code = p.pid > 0 ? wait_for(p, Clock::now() + std::chrono::seconds(180)) : 0;
+    const std::string log = read_file(dir_ + "/job.log");
+    ASSERT_EQ(code, 0) << tail(log);
+    std::printf("%d worker kills; survivors kept their pids %d time(s), lost them %d time(s)\n",
+                kills, kept_, lost_);
+    ASSERT_GE(kills, 2) << "the job finished before the kills";
+    for (int r = 0; r < workers; ++r) {
+      EXPECT_EQ(read_file(dir_ + "/out.bin.rank" + std::to_string(r)), ref)
+          << "worker " << r << " differs after " << kills << " kills";
+    }
+    // Proof that the survivors kept running: the same processes before and after a failure.
+    EXPECT_GE(kept_, 1) << tail(log);
+    const auto all = events(dir_ + "/events.jsonl");
+    const auto continued = of_kind(all, "survivors");
+    EXPECT_GE(continued.size(), 1u) << tail(log);
+    for (const auto& e : continued) {
+      std::printf("%s\n", e.value("message", "").c_str());
+      EXPECT_FALSE(e.value("survivor_pids", "").empty()) << e.dump();
+      EXPECT_FALSE(e.value("restarted", "").empty()) << e.dump();
+    }
+    // The survivors rolled back in-process, from the launcher's memory.
+    EXPECT_NE(log.find("in the surviving process (no disk read)"), std::string::npos) << tail(log);
+    EXPECT_EQ(log.find("resumed from " + dir_ + "/out.bin.ckpt/backup-"), std::string::npos)
+        << "a recovery read a backup\n"
+        << tail(log);
+    // What each failure cost is recorded, and says the survivors went on.
+    int survivor_recoveries = 0;
+    for (const auto& e : of_kind(all, "recovered")) {
+      EXPECT_TRUE(e.contains("recovery_seconds")) << e.dump();
+      if (e.value("mode", "") == "survivors") ++survivor_recoveries;
+    }
+    EXPECT_GE(survivor_recoveries, 1) << tail(log);
+  }
+
+  std::string dir_;
+  int kept_ = 0, lost_ = 0;
+};
+
+// (a) Two workers, one killed at a time at random moments (several kills).
+TEST_F(LaunchSurvivors, RandomKillsKeepTheSurvivorBitwise) {
+  static const std::string ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, "survivors");
+  std::mt19937 rng(1517);
+  const int kills = kill_rounds(p, 2, 1, 5, rng, 150, 600);
+  check_result(p, 2, ref, kills);
+}
+
+// (b) Three workers, two killed at the same moment, several times: the one left keeps running.
+TEST_F(LaunchSurvivors, TwoWorkersKilledAtOnce) {
+  static const std::string ref = reference(3);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(3, "survivors");
+  std::mt19937 rng(2929);
+  const int kills = kill_rounds(p, 3, 2, 3, rng, 150, 600);
+  check_result(p, 3, ref, kills);
+}
+
+// The flag's values and its preconditions are usage errors naming it, before anything starts.
+TEST(LaunchSurvivorsFlags, BadModeAndMissingSnapshotsAreUsageErrors) {
+  const std::string dir = make_temp_dir();
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--on-failure", "sometimes"},
+        std::vector<std::string>{"--on-failure", "survivors", "--snapshot-every", "0"}}) {
+    std::vector<std::string> a = {kDtrain, "launch"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.insert(a.end(), {"--", "true"});
+    Process p = spawn(a, {}, dir + "/log");
+    EXPECT_EQ(wait_for(p, Clock::now() + std::chrono::seconds(30)), 2);
+    EXPECT_NE(read_file(dir + "/log").find("--on-failure"), std::string::npos)
+        << read_file(dir + "/log");
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace dtrain::testing

@@ -5,7 +5,10 @@
 # backend; both as it comes and with torch.set_flush_denormal(True), the speedup taken against the
 # faster), and MirroredStrategy with 2 replicas against 1 replica on the same global batch; the
 # multi-worker run also with the all-reduce overlapped with backward (--overlap-gradients,
-# 256 KiB buckets) and with sharded optimizer state (--shard-optimizer-state 1 and 2).
+# 256 KiB buckets) and with sharded optimizer state (--shard-optimizer-state 1 and 2). The machine is
+# shared, so the plain multi-worker run and the one-process batch-64 run also report their CPU time
+# (user + system of all processes, from /usr/bin/time, data loading included), and a profiled run
+# (--profile-steps) their step-time split per worker (compute, communication, waiting, other).
 # Usage: bench/multi_worker_epoch.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,11 +33,35 @@ dtrain_epoch() {
 get() { awk -v k="$1" '$1 == k { print $2 }' "$2"; }
 median() { printf '%s\n' "$@" | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-mw=() mwo=() mwz1=() mwz2=() ddp=() ddpf=() m1=() m2=()
+# CPU seconds (user + system) of a command and its children, into "$1" (the rest is the command).
+cpu() {
+  local out="$1"
+  shift
+  /usr/bin/time -f "%U %S" -o "$out.cpu" "$@"
+  awk '{ printf "%.2f", $1 + $2 }' "$out.cpu" > "$out.cpus"
+}
+# The per-step split (seconds) one profiled run wrote for run "$2" (profile/worker_N) under "$1":
+# the medians over the reports of compute, communication, waiting, other and step.
+split() {
+  "$dtrain" events --json "$1/profile/$2" 2>/dev/null | /usr/bin/python3 -c '
+import json, statistics, sys
+v = {}
+for line in sys.stdin:
+    r = json.loads(line)
+    for x in r.get("values", []):
+        v.setdefault(x["tag"], []).append(x["value"])
+med = lambda t: statistics.median(v.get("profile/" + t, [0]))
+print("compute %.3f ms, communication %.3f ms, waiting %.3f ms, other %.3f ms, step %.3f ms" %
+      tuple(1e3 * med(t) for t in ("compute_seconds", "communication_seconds", "waiting_seconds",
+                                   "other_seconds", "step_seconds")))'
+}
+
+mw=() mwo=() mwz1=() mwz2=() ddp=() ddpf=() m1=() m2=() mwcpu=() m1cpu=()
 for r in $(seq "$rounds"); do
-  "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs "$epochs" \
-    --batch-size 64 --seed 0 --verbose 2 > "$tmp/mw.$r" 2>&1
+  cpu "$tmp/mw.$r" "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
+    --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 > "$tmp/mw.$r" 2>&1
   mw+=("$(dtrain_epoch "$tmp/mw.$r")")
+  mwcpu+=("$(cat "$tmp/mw.$r.cpus")")
   "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs "$epochs" \
     --batch-size 64 --seed 0 --verbose 2 --overlap-gradients --bucket-cap-mb 0.25 > "$tmp/mwo.$r" 2>&1
   mwo+=("$(dtrain_epoch "$tmp/mwo.$r")")
@@ -49,13 +76,19 @@ for r in $(seq "$rounds"); do
   ddp+=("$(get epoch_seconds_median "$tmp/ddp.$r")")
   /usr/bin/python3 bench/torch_ddp_epoch.py "$epochs" 2 1 > "$tmp/ddpf.$r" 2>&1
   ddpf+=("$(get epoch_seconds_median "$tmp/ddpf.$r")")
-  "$dtrain" fit --strategy mirrored --replicas 1 --epochs "$epochs" --batch-size 64 --seed 0 \
-    --verbose 2 > "$tmp/m1.$r" 2>&1
+  cpu "$tmp/m1.$r" "$dtrain" fit --strategy mirrored --replicas 1 --epochs "$epochs" \
+    --batch-size 64 --seed 0 --verbose 2 > "$tmp/m1.$r" 2>&1
   m1+=("$(dtrain_epoch "$tmp/m1.$r")")
+  m1cpu+=("$(cat "$tmp/m1.$r.cpus")")
   "$dtrain" fit --strategy mirrored --replicas 2 --epochs "$epochs" --batch-size 64 --seed 0 \
     --verbose 2 > "$tmp/m2.$r" 2>&1
   m2+=("$(dtrain_epoch "$tmp/m2.$r")")
 done
+# One profiled run of each (not timed above: profiling adds a barrier per step).
+"$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs 1 \
+  --batch-size 64 --seed 0 --verbose 0 --logdir "$tmp/tb_mw" --profile-steps 100 > /dev/null 2>&1
+"$dtrain" fit --strategy mirrored --replicas 1 --epochs 1 --batch-size 64 --seed 0 --verbose 0 \
+  --logdir "$tmp/tb_m1" --profile-steps 100 > /dev/null 2>&1
 acc_mw=$(grep -oE 'test_accuracy: [0-9.]+' "$tmp/mw.$rounds" | awk '{ print $2 }')
 acc_ddp=$(get test_accuracy "$tmp/ddp.$rounds")
 floor="${BUILD_DIR:-build}/bench/bench_gemm_floor"
@@ -72,6 +105,11 @@ printf '%-52s %10s\n' "2 workers x 32, PyTorch DDP gloo (s/epoch)" "$(median "${
 printf '%-52s %10s\n' "2 workers x 32, DDP + set_flush_denormal (s/epoch)" "$(median "${ddpf[@]}")"
 printf '%-52s %10s\n' "MirroredStrategy 1 replica, batch 64 (s/epoch)" "$(median "${m1[@]}")"
 printf '%-52s %10s\n' "MirroredStrategy 2 replicas, batch 64 (s/epoch)" "$(median "${m2[@]}")"
+printf '%-52s %10s\n' "  CPU s (user + sys, all processes, whole run)" "$(median "${mwcpu[@]}")"
+printf '%-52s %10s\n' "  MirroredStrategy 1 replica, batch 64: CPU s" "$(median "${m1cpu[@]}")"
+echo "step split, 2 workers x 32, worker 0: $(split "$tmp/tb_mw" worker_0)"
+echo "step split, 2 workers x 32, worker 1: $(split "$tmp/tb_mw" worker_1)"
+echo "step split, 1 process, batch 64:      $(split "$tmp/tb_m1" worker_0)"
 printf '%-52s %10s %10s\n' "test accuracy after $epochs epochs (dtrain, DDP)" "$acc_mw" "$acc_ddp"
 echo "rounds: multi-worker ${mw[*]} | ddp ${ddp[*]} | ddp+ftz ${ddpf[*]} | mirrored-1 ${m1[*]} | mirrored-2 ${m2[*]}"
 awk -v a="$(median "${mw[@]}")" -v b="$(median "${ddp[@]}")" -v c="$(median "${ddpf[@]}")" 'BEGIN {

@@ -24,6 +24,7 @@
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/backup_and_restore.h"
 #include "dtrain/train/saving.h"
+#include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
 #include "flag_checks.h"
 #include "language_model.h"
@@ -63,6 +64,7 @@ struct TrainFlags {
   int shard_optimizer_state = 0;  // multi-worker ZeRO stage
   std::string save;
   std::string logdir;
+  int64_t profile_steps = 0;  // with --logdir: per-worker step-time split and memory every N steps
 };
 
 // A batch beyond this would allocate gigabytes of batch buffers before the first step.
@@ -354,6 +356,10 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
       ->check(int_at_least(0) & int_at_most(2, "the ZeRO stages are 1 and 2"));
   fit->add_option("--logdir", train_flags.logdir,
                   "Write TensorBoard event files here (train/ and validation/ runs)");
+  fit->add_option("--profile-steps", train_flags.profile_steps,
+                  "With --logdir: every N steps, each worker's step-time split (compute, "
+                  "communication, waiting) and peak memory to the profile/worker_<rank> runs")
+      ->check(int_at_least(0));
   add_lm_flags(fit, lm_flags);
   fit->add_option("--save", train_flags.save,
                   "Save the trained model (architecture, weights, optimizer) to this .h5 (Keras "
@@ -407,7 +413,15 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
                              .verbose = train_flags.verbose};
       if (train_flags.steps_per_epoch > 0) opts.steps_per_epoch = train_flags.steps_per_epoch;
       opts.verify_sync_every = train_flags.verify_sync;
-      opts.logdir = train_flags.logdir;
+      DTRAIN_CHECK(train_flags.profile_steps == 0 || !train_flags.logdir.empty(),
+                   "--profile-steps needs --logdir");
+      if (train_flags.profile_steps > 0) {
+        opts.callbacks.push_back(std::make_shared<train::TensorBoard>(
+            train_flags.logdir,
+            train::TensorBoardOptions{.profile_steps = train_flags.profile_steps}));
+      } else {
+        opts.logdir = train_flags.logdir;
+      }
       DTRAIN_CHECK(!train_flags.resume || !train_flags.checkpoint_dir.empty(),
                    "--resume needs --checkpoint-dir");
       if (!train_flags.checkpoint_dir.empty() && train_flags.strategy == "parameter-server") {

@@ -1,6 +1,7 @@
 // Model::compile and Model::fit: resolve the compile options, then run the training loop
 // (fit_loop.h) with the step of the strategy in scope (train_step.h).
 #include "dtrain/core/random.h"
+#include "dtrain/distribute/input.h"
 #include "dtrain/nn/functional.h"
 #include "dtrain/train/training.h"
 #include "fit_loop.h"
@@ -28,8 +29,10 @@ namespace {
 
 // fit(dataset) and fit(x, y): `make_dataset(seed)` returns the training data; fit(x, y) builds
 // it from the shuffle seed, so that a resumed run can rebuild the exact order it had.
+// `per_worker`: make_dataset yields distribute::worker_batches (TrainingState::per_worker_input).
 History run_fit(nn::Model& model, const MakeDataset& make_dataset,
-                std::optional<uint64_t> data_seed, const FitOptions& options) {
+                std::optional<uint64_t> data_seed, const FitOptions& options,
+                bool per_worker = false) {
   if (auto* f = dynamic_cast<nn::Functional*>(&model);
       f != nullptr && (f->inputs().size() != 1 || f->outputs().size() != 1)) {
     throw UnimplementedError(str_cat("fit: Functional model '", model.name(), "' has ",
@@ -44,6 +47,8 @@ History run_fit(nn::Model& model, const MakeDataset& make_dataset,
     serve_parameter_server_steps(model, s, make_dataset, options);
     return History();
   }
+  s.per_worker_input = per_worker;
+  s.step_times.measure_waiting = false;  // a TensorBoard callback profiling this fit sets it
   FitLoop loop(model, s, make_dataset, data_seed, options);
   return loop.run();
 }
@@ -101,14 +106,23 @@ train::History Model::fit(const Tensor& x, const Tensor& y, const train::FitOpti
   }
   const int64_t n = x.dim(0), batch = options.batch_size;
   const bool shuffle = options.shuffle;
+  // Under a multi-worker strategy each worker shuffles row indices and gathers only its rows of
+  // each global batch (the same rows, in the same order, as slicing the global batches).
+  distribute::Strategy* st = training_ ? training_->strategy : nullptr;
+  const bool per_worker =
+      st != nullptr && st->num_workers() > 1 && !train::is_parameter_server_strategy(st);
   return train::run_fit(
       *this,
-      [&x, &y, n, batch, shuffle](std::optional<uint64_t> s) {
+      [&x, &y, n, batch, shuffle, per_worker, st](std::optional<uint64_t> s) {
+        if (per_worker) {
+          return distribute::worker_batches(
+              {x, y}, {.batch_size = batch, .shuffle = shuffle, .seed = s}, *st);
+        }
         data::Dataset ds = data::Dataset::from_tensor_slices({x, y});
         if (shuffle) ds = ds.shuffle(n, s, /*reshuffle_each_iteration=*/true);
         return ds.batch(batch);
       },
-      seed, options);
+      seed, options, per_worker);
 }
 
 }  // namespace dtrain::nn

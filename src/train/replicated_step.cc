@@ -8,6 +8,7 @@
 // (one local replica, several workers) the all-reduce runs in buckets on a communication thread
 // while backward goes on (distribute/gradient_overlap.h): the same sums, bitwise.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <iostream>
 
@@ -24,6 +25,14 @@
 
 namespace dtrain::train {
 namespace {
+
+// Seconds since `t`, which moves to now (for StepTimes).
+double lap(std::chrono::steady_clock::time_point& t) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(now - t).count();
+  t = now;
+  return s;
+}
 
 class ReplicatedStep final : public TrainStep {
  public:
@@ -80,17 +89,28 @@ class ReplicatedStep final : public TrainStep {
   }
 
   StepOutcome run(std::span<const StepInput> steps) override {
-    const Tensor& x = (*steps[0].batch)[0];
-    const Tensor& y = (*steps[0].batch)[1];
-    const int64_t global = x.dim(0);
+    const data::Element& batch = *steps[0].batch;
+    const Tensor& x = batch[0];
+    const Tensor& y = batch[1];
     const int local = st_.num_local_replicas();
     const int parts = local * st_.num_workers();
+    // Per-worker input: x and y hold this worker's rows, then comes the global row count.
+    int64_t global = x.dim(0), first_row = 0;
+    if (s_.per_worker_input) {
+      DTRAIN_INTERNAL_CHECK(batch.size() == 3 && batch[2].dtype() == DType::kInt64,
+                            "fit: per-worker batches carry the global row count");
+      global = batch[2].data<int64_t>()[0];
+      first_row = distribute::worker_rows(global, st_).first;
+    }
     for (int r = 0; r < local; ++r) {
       const auto [b, e] = distribute::replica_rows(global, parts, st_.replica_id(r));
-      replicas_[r].x = x.slice(b, e);
-      replicas_[r].y = y.slice(b, e);
+      replicas_[r].x = x.slice(b - first_row, e - first_row);
+      replicas_[r].y = y.slice(b - first_row, e - first_row);
     }
     global_ = global;
+    StepTimes& times = s_.step_times;
+    times.measured = true;
+    auto t = std::chrono::steady_clock::now();
     try {
       st_.run([this](int r) { compute(r); });
     } catch (...) {
@@ -98,6 +118,13 @@ class ReplicatedStep final : public TrainStep {
       throw;
     }
     state_updates_.gather(local);
+    times.compute += lap(t);
+    // Profiling (TensorBoard profile_steps): the time until the slowest worker is ready is
+    // waiting, not communication. Not with overlap: its buckets are on the wire already.
+    if (times.measure_waiting && !overlap_ && st_.num_workers() > 1) {
+      st_.barrier();
+      times.waiting += lap(t);
+    }
 
     int64_t nonfinite_loss = 0;
     for (int r = 0; r < local; ++r) {
@@ -118,22 +145,26 @@ class ReplicatedStep final : public TrainStep {
     const bool update_now = !skip_nonfinite_ && !s_.optimizer->clipping().by_norm();
     if (sharded_) {
       StepOutcome outcome = run_sharded();
+      times.communication += lap(t);
       for (int r = 0; r < local; ++r) replicas_[r].grads = std::move(per_replica_[r]);
-      return finish_step(outcome);
+      return finish_step(outcome, t);
     }
     if (overlap_) {
       // The buckets were reduced as backward finished them; the flags and moving statistics go
       // last. The update then runs as after reduce_gradients with several workers.
       overlap_->finish();
+      times.communication += lap(t);
       if (update_now) {
         s_.optimizer->prepare_update(out_, trainable_);
         update_(0, 1);
       }
     } else {
       if (update_now) s_.optimizer->prepare_update(out_, trainable_);
+      times.compute += lap(t);
       st_.reduce_gradients(
           per_replica_, out_, distribute::ReduceOp::kSum,
           {.extra = std::span<Tensor>(extra_), .then = update_now ? &update_ : nullptr});
+      times.communication += lap(t);
     }
     // Applied whether or not the gradients are (the forward pass ran, as in Keras).
     state_updates_.apply(st_.num_replicas_in_sync());
@@ -156,7 +187,7 @@ class ReplicatedStep final : public TrainStep {
       }
     }
     for (int r = 0; r < local; ++r) replicas_[r].grads = std::move(per_replica_[r]);
-    return finish_step(outcome);
+    return finish_step(outcome, t);
   }
 
   void end_epoch(nn::Logs& logs) override {
@@ -191,11 +222,15 @@ class ReplicatedStep final : public TrainStep {
     return outcome;
   }
 
-  StepOutcome finish_step(const StepOutcome& outcome) {
+  // `t`: when the step's last timed part ended (StepTimes).
+  StepOutcome finish_step(const StepOutcome& outcome, std::chrono::steady_clock::time_point t) {
     const int local = st_.num_local_replicas();
+    StepTimes& times = s_.step_times;
+    times.compute += lap(t);
     ++steps_run_;
     if (verify_sync_every_ > 0 && steps_run_ % verify_sync_every_ == 0) {
       distribute::verify_sync(st_, sync_vars_, steps_run_);
+      times.communication += lap(t);
     }
     if (!outcome.applied) return outcome;
     for (int r = 0; r < local; ++r) {
@@ -204,6 +239,7 @@ class ReplicatedStep final : public TrainStep {
       s_.loss_tracker.update_state(rep.loss, static_cast<double>(rep.x.dim(0)));
       for (const auto& m : s_.metrics) m->update_state(rep.y, rep.y_pred);
     }
+    times.compute += lap(t);
     return outcome;
   }
 

@@ -20,6 +20,20 @@ namespace dtrain::train {
 
 class FitLoop;
 
+// Seconds the training step spent in its parts, summed since the model was compiled (the
+// TensorBoard callback's profile_steps reports the differences per step). Only the replicated
+// step (MirroredStrategy, MultiWorkerMirroredStrategy) measures them.
+struct StepTimes {
+  double compute = 0;        // forward, backward, the update and the metrics
+  double communication = 0;  // the gradient reduction (with an update fused into it), verify_sync
+  double waiting = 0;        // at a barrier before the reduction: for the slowest worker
+  bool measured = false;     // the step measures these
+  // Set for one fit() by TensorBoard's profile_steps (several workers, no overlap): the step waits
+  // at a barrier before the gradient reduction, so that waiting for the slowest worker is
+  // counted apart from the reduction itself.
+  bool measure_waiting = false;
+};
+
 class TrainingState {
  public:
   std::shared_ptr<optim::Optimizer> optimizer;
@@ -30,6 +44,11 @@ class TrainingState {
   distribute::Strategy* strategy = nullptr;
   // Whether the chief's initial variables have been broadcast to the other workers.
   bool variables_synced = false;
+  // Set by fit() for its run: the training batches are this worker's rows of each global batch
+  // followed by the global batch's row count (distribute::worker_batches, what fit(x, y) uses
+  // under a multi-worker strategy); otherwise they are whole global batches.
+  bool per_worker_input = false;
+  StepTimes step_times;
   // Keras's model.stop_training: set by request_stop_training, read after each batch.
   bool stop_training = false;
   // The fit() running on this model, if any (BackupAndRestore and TensorBoard read and report

@@ -6,12 +6,19 @@
 //              [--step-delay-us U] [--sync-bn 1] [--resnet 1] [--batch-size B]
 //              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
 //              [--sharded-checkpoints 1] [--exit-at-epoch E] [--report-progress 1]
+//              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
 // backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
 // --report-progress 1: under dtrain launch, report steps and heartbeats to the launcher
 // (fault::install_progress_reporter), as the dtrain binary does.
+// --input dataset: fit(dataset) on from_tensor_slices.shuffle.batch (every worker materialises the
+// global batches and keeps its rows) instead of fit(x, y) (per-worker input).
+// --rows-out FILE (MLP, one local replica): writes "epoch step hash" for every input row the
+// replica trained on, in order (a hash of the row's bytes).
+// --logdir D --profile-steps N: a TensorBoard callback writing every worker's step-time split and
+// memory every N steps (the chief writes D/profile/worker_<rank>).
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
@@ -37,6 +44,7 @@
 #include "dtrain/nn/pooling.h"
 #include "dtrain/nn/reshaping.h"
 #include "dtrain/optim/adam.h"
+#include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
 
 using namespace dtrain;
@@ -53,6 +61,27 @@ class RowCounter : public nn::Layer {
     return x;
   }
   std::atomic<int64_t> rows{0};
+};
+
+// Identity layer that records a hash of every input row it sees in training, with the epoch and
+// step the callbacks last announced (one replica: rows come in the order trained on).
+class RowRecorder : public nn::Layer {
+ public:
+  RowRecorder() : nn::Layer("row_recorder") {}
+  std::string class_name() const override { return "RowRecorder"; }
+  Tensor call(const Tensor& x, bool training) override {
+    if (!training) return x;
+    const int64_t row_bytes = x.dim(0) == 0 ? 0 : static_cast<int64_t>(x.nbytes()) / x.dim(0);
+    const auto* p = static_cast<const unsigned char*>(x.raw_data());
+    for (int64_t r = 0; r < x.dim(0); ++r) {
+      uint64_t h = 1469598103934665603ull;  // FNV-1a
+      for (int64_t b = 0; b < row_bytes; ++b) h = (h ^ p[r * row_bytes + b]) * 1099511628211ull;
+      lines += std::to_string(epoch) + " " + std::to_string(step) + " " + std::to_string(h) + "\n";
+    }
+    return x;
+  }
+  int64_t epoch = 0, step = 0;
+  std::string lines;
 };
 
 constexpr int64_t kExamples = 384, kFeatures = 8;
@@ -87,6 +116,10 @@ struct Backup {
   int shard = 0;         // --shard-optimizer-state: ZeRO stage
   bool sharded = false;  // --sharded-checkpoints 1
   int64_t exit_at_epoch = -1;
+  bool dataset_input = false;  // --input dataset
+  std::string rows_out;        // --rows-out
+  std::string logdir;          // --logdir
+  int64_t profile_steps = 0;   // --profile-steps
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -114,6 +147,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   // Rows this process's replicas computed on, counted where they are computed (replica threads
   // call the layer concurrently): proves the global batches are split.
   auto counter = std::make_shared<RowCounter>();
+  auto recorder = std::make_shared<RowRecorder>();
   std::unique_ptr<nn::Model> owned;
   if (backup.resnet) {
     x = x.reshape(Shape{kExamples, 2, 2, 2});
@@ -144,6 +178,9 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
       seq->add_layer(nn::Dense(16, {.use_bias = false, .input_shape = Shape{kFeatures}}));
       seq->add_layer(nn::BatchNormalization({.synchronized = true}));
       seq->add_layer(nn::Activation("relu"));
+    } else if (!backup.rows_out.empty()) {
+      seq->add_layer(nn::LayerRef(recorder));
+      seq->add_layer(nn::Dense(16, {.activation = "relu"}));
     } else {
       seq->add_layer(nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}));
     }
@@ -169,24 +206,44 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
           std::this_thread::sleep_for(std::chrono::microseconds(backup.step_delay_us));
         }}));
   }
+  if (!backup.rows_out.empty()) {
+    callbacks.push_back(std::make_shared<train::LambdaCallback>(train::LambdaCallbackOptions{
+        .on_epoch_begin = [&](int64_t epoch, const nn::Logs&) { recorder->epoch = epoch; },
+        .on_batch_begin = [&](int64_t step, const nn::Logs&) { recorder->step = step; }}));
+  }
+  if (!backup.logdir.empty()) {
+    callbacks.push_back(std::make_shared<train::TensorBoard>(
+        backup.logdir, train::TensorBoardOptions{.profile_steps = backup.profile_steps}));
+  }
   if (backup.exit_at_epoch >= 0) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(
         train::LambdaCallbackOptions{.on_epoch_begin = [&](int64_t epoch, const nn::Logs&) {
           if (epoch == backup.exit_at_epoch) std::_Exit(3);
         }}));
   }
-  const auto h = model.fit(x, y,
-                           {.epochs = epochs,
-                            .batch_size = backup.batch_size,
-                            .seed = 5,
-                            .verbose = 0,
-                            .callbacks = callbacks,
-                            .save_checkpoints = !backup.dir.empty(),
-                            .checkpoint_dir = backup.dir,
-                            .checkpoint_every = backup.every,
-                            .async_checkpoints = backup.async,
-                            .sharded_checkpoints = backup.sharded,
-                            .verify_sync_every = verify_every});
+  const train::FitOptions fit_options{.epochs = epochs,
+                                      .batch_size = backup.batch_size,
+                                      .seed = 5,
+                                      .verbose = 0,
+                                      .callbacks = callbacks,
+                                      .save_checkpoints = !backup.dir.empty(),
+                                      .checkpoint_dir = backup.dir,
+                                      .checkpoint_every = backup.every,
+                                      .async_checkpoints = backup.async,
+                                      .sharded_checkpoints = backup.sharded,
+                                      .verify_sync_every = verify_every};
+  // The global batches, shuffled as fit(x, y) shuffles them (its seed 5 is every worker's).
+  const auto h = backup.dataset_input
+                     ? model.fit(data::Dataset::from_tensor_slices({x, y})
+                                     .shuffle(kExamples, 5, /*reshuffle_each_iteration=*/true)
+                                     .batch(backup.batch_size),
+                                 fit_options)
+                     : model.fit(x, y, fit_options);
+  if (!backup.rows_out.empty()) {
+    std::string path = backup.rows_out;
+    if (const char* rank = std::getenv("DTRAIN_RANK")) path += std::string(".rank") + rank;
+    std::ofstream(path) << recorder->lines;
+  }
   // Under dtrain launch every worker writes its own file.
   if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
   std::printf(
@@ -249,6 +306,14 @@ int main(int argc, char** argv) {
       backup.batch_size = std::atoll(v.c_str());
     else if (k == "--sharded-checkpoints")
       backup.sharded = v == "1";
+    else if (k == "--input")
+      backup.dataset_input = v == "dataset";
+    else if (k == "--rows-out")
+      backup.rows_out = v;
+    else if (k == "--logdir")
+      backup.logdir = v;
+    else if (k == "--profile-steps")
+      backup.profile_steps = std::atoll(v.c_str());
     else if (k == "--exit-at-epoch")
       backup.exit_at_epoch = std::atoll(v.c_str());
     else if (k == "--report-progress")

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "dtrain/core/random.h"
 #include "dtrain/nn/layers.h"
@@ -129,6 +130,51 @@ TEST(TensorBoardCallback, ReportsCheckpointSaveTimeWithBackups) {
   ASSERT_EQ(train.at("epoch_checkpoint_save_seconds").size(), 2u);
   EXPECT_GT(train.at("epoch_checkpoint_save_seconds").at(1), 0.0);
   fs::remove_all(dir);
+}
+
+// profile_steps: the step-time split and memory of the (one) worker at every 3rd step, under
+// MirroredStrategy (measured split) and without a strategy (the step time and memory only).
+TEST(TensorBoardCallback, ProfileStepsWritesStepSplitAndMemory) {
+  const fs::path dir = fs::temp_directory_path() / ("dtrain_tb5_" + std::to_string(getpid()));
+  for (bool mirrored : {true, false}) {
+    SCOPED_TRACE(mirrored ? "mirrored" : "no strategy");
+    fs::remove_all(dir);
+    std::optional<distribute::MirroredStrategy> strategy;
+    std::optional<distribute::Strategy::ScopeGuard> scope;
+    if (mirrored) {
+      strategy.emplace(2);
+      scope.emplace(&*strategy);
+    }
+    nn::Sequential model({nn::Dense(2, {.input_shape = Shape{3}})});
+    model.compile({.optimizer = "sgd", .loss = "mse"});
+    const Tensor x = Tensor::ones(Shape{24, 3}), y = Tensor::zeros(Shape{24, 2});
+    auto tb = std::make_shared<TensorBoard>(dir.string(), TensorBoardOptions{.profile_steps = 3});
+    model.fit(x, y, {.epochs = 2, .batch_size = 4, .verbose = 0, .callbacks = {tb}});
+    auto s = scalars(dir / "profile" / "worker_0");
+    // 6 steps per epoch, 12 in all: reports at steps 3, 6, 9, 12.
+    ASSERT_EQ(s["profile/step_seconds"].size(), 4u);
+    EXPECT_EQ(s["profile/step_seconds"].rbegin()->first, 12);
+    EXPECT_EQ(s.count("profile/compute_seconds"), mirrored ? 1u : 0u);
+    for (const auto& [step, total] : s["profile/step_seconds"]) {
+      EXPECT_GT(total, 0) << step;
+      EXPECT_GT(s["memory/peak_rss_bytes"][step], 1 << 20) << step;
+      EXPECT_GT(s["memory/tensor_peak_bytes"][step], 0) << step;
+      if (!mirrored) continue;
+      const double compute = s["profile/compute_seconds"][step];
+      const double comm = s["profile/communication_seconds"][step];
+      const double wait = s["profile/waiting_seconds"][step];
+      EXPECT_GT(compute, 0) << step;
+      EXPECT_GE(comm, 0) << step;
+      EXPECT_EQ(wait, 0) << step;  // one worker: nobody to wait for
+      EXPECT_GE(s["profile/other_seconds"][step], 0) << step;
+      EXPECT_LE(compute + comm + wait, total * (1 + 1e-5)) << step;
+      EXPECT_NEAR(compute + comm + wait + s["profile/other_seconds"][step], total,
+                  total * 1e-5 + 1e-9)
+          << step;
+    }
+  }
+  fs::remove_all(dir);
+  EXPECT_THROW(TensorBoard("logs", {.profile_steps = -1}), InvalidArgumentError);
 }
 
 }  // namespace

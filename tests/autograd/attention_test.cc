@@ -241,8 +241,8 @@ TEST(MultiheadProducts, CausalGradients) {
   const Tensor q = random_tensor(Shape{2, 7, 2, 3}, 81);
   const Tensor k = random_tensor(Shape{2, 7, 2, 3}, 82);
   const Tensor v = random_tensor(Shape{2, 7, 2, 5}, 84);
-  EXPECT_LT(
-      gradcheck([](const Inputs& x) { return multihead_scores(x[0], x[1], true); }, {q, k}), kTol);
+  EXPECT_LT(gradcheck([](const Inputs& x) { return multihead_scores(x[0], x[1], true); }, {q, k}),
+            kTol);
   // The products through a causal softmax, as MultiHeadAttention chains them, against the
   // same chain without the causal products.
   auto chain = [](bool causal_products) {

@@ -35,9 +35,17 @@ void check(int64_t m, int64_t n, int64_t k, bool transpose_a, CausalPart part) {
       if (read(i, l)) a_at(i, l) = static_cast<float>(rng.uniform() * 2 - 1);
   for (int64_t l = 0; l < k; ++l)
     for (int64_t j = 0; j < n; ++j) b[l * ldb + j] = static_cast<float>(rng.uniform() * 2 - 1);
-  small_gemm({.m = m, .n = n, .k = k, .a = a.data(), .a_row_stride = transpose_a ? 1 : lda,
-              .a_inner_stride = transpose_a ? lda : 1, .b = b.data(), .ldb = ldb, .c = c.data(),
-              .ldc = ldc, .causal = part});
+  small_gemm({.m = m,
+              .n = n,
+              .k = k,
+              .a = a.data(),
+              .a_row_stride = transpose_a ? 1 : lda,
+              .a_inner_stride = transpose_a ? lda : 1,
+              .b = b.data(),
+              .ldb = ldb,
+              .c = c.data(),
+              .ldc = ldc,
+              .causal = part});
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double want = 0;
@@ -53,8 +61,8 @@ void check(int64_t m, int64_t n, int64_t k, bool transpose_a, CausalPart part) {
 }
 
 TEST(SmallGemm, MatchesATripleLoopForEveryCausalPart) {
-  for (CausalPart part : {CausalPart::kNone, CausalPart::kColumnsUpToRow,
-                          CausalPart::kInnerUpToRow, CausalPart::kInnerFromRow}) {
+  for (CausalPart part : {CausalPart::kNone, CausalPart::kColumnsUpToRow, CausalPart::kInnerUpToRow,
+                          CausalPart::kInnerFromRow}) {
     for (bool transpose_a : {false, true}) {
       for (int64_t size : {1, 5, 6, 7, 16, 17, 33, 40}) {
         check(size, size, size, transpose_a, part);  // square: positions of one sequence
@@ -69,8 +77,15 @@ TEST(SmallGemm, MatchesATripleLoopForEveryCausalPart) {
 TEST(SmallGemm, EmptyProductsWriteZerosOrNothing) {
   std::vector<float> c(6, 5.0f);
   std::vector<float> a(1, 1.0f), b(1, 1.0f);
-  small_gemm({.m = 2, .n = 3, .k = 0, .a = a.data(), .a_row_stride = 0, .b = b.data(), .ldb = 3,
-              .c = c.data(), .ldc = 3});
+  small_gemm({.m = 2,
+              .n = 3,
+              .k = 0,
+              .a = a.data(),
+              .a_row_stride = 0,
+              .b = b.data(),
+              .ldb = 3,
+              .c = c.data(),
+              .ldc = 3});
   for (float v : c) EXPECT_EQ(v, 0.0f);
   small_gemm({.m = 0, .n = 3, .k = 4, .a = nullptr, .b = nullptr, .ldb = 3, .c = nullptr});
 }

@@ -1,13 +1,18 @@
 // Attention ops: forward through dtrain/ops/attention.h, backward as strided batched GEMMs.
 #include "dtrain/autograd/attention.h"
 
+#include <vector>
+
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/ops/small_gemm.h"
 #include "tape.h"
 
 namespace dtrain {
 
 using detail::Node;
 using detail::Tape;
+using ops::CausalPart;
+using ops::small_gemm;
 using ops::strided_batched_gemm;
 using ops::StridedMatrices;
 using ops::StridedOutput;
@@ -85,12 +90,98 @@ void check_head_layout(const Tensor& x, const char* op, const char* what) {
                x.defined() ? x.shape().to_string() : "undefined");
 }
 
-// scores[b, n] = Q_bn · K_bnᵀ; saved query, key.
+// The causal products: one small_gemm per (batch, head), over the causal part only. A head of
+// x [B, S, N, H] is x[b, :, n, :], an [S, H] matrix with leading dimension N·H.
+struct CausalHeads {
+  int64_t batch, heads, t;
+  const float* head(const Tensor& x, int64_t b, int64_t n) const {
+    return x.data<float>() + (b * x.dim(1) * heads + n) * x.dim(3);
+  }
+  float* head(Tensor& x, int64_t b, int64_t n) const {
+    return x.data<float>() + (b * x.dim(1) * heads + n) * x.dim(3);
+  }
+  // Matrix (b, n) of a [B, N, T, T] tensor.
+  const float* square(const Tensor& x, int64_t b, int64_t n) const {
+    return x.data<float>() + (b * heads + n) * t * t;
+  }
+  float* square(Tensor& x, int64_t b, int64_t n) const {
+    return x.data<float>() + (b * heads + n) * t * t;
+  }
+};
+
+// x[b, :, n, :]ᵀ [H, T] into a per-thread buffer that grows once (no allocation per step).
+const float* transposed_head(const float* x, int64_t t, int64_t h, int64_t ld) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < t * h) buffer.resize(t * h);
+  float* out = buffer.data();
+  for (int64_t s = 0; s < t; ++s) {
+    for (int64_t j = 0; j < h; ++j) out[j * t + s] = x[s * ld + j];
+  }
+  return out;
+}
+
+// out [B, N, T, T] = X_bn · Y_bnᵀ on the causal columns (zero above the diagonal), for x
+// [B, T, N, H] and y [B, T, N, H].
+void causal_outer(const CausalHeads& c, const Tensor& x, const Tensor& y, Tensor& out) {
+  const int64_t h = x.dim(3), ld = c.heads * h;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t n = 0; n < c.heads; ++n) {
+      small_gemm({.m = c.t,
+                  .n = c.t,
+                  .k = h,
+                  .a = c.head(x, b, n),
+                  .a_row_stride = ld,
+                  .b = transposed_head(c.head(y, b, n), c.t, h, ld),
+                  .ldb = c.t,
+                  .c = c.square(out, b, n),
+                  .ldc = c.t,
+                  .causal = CausalPart::kColumnsUpToRow});
+    }
+  }
+}
+
+// out [B, T, N, H] = P_bn · X_bn (transpose: P_bnᵀ · X_bn) over P's causal triangle, for p
+// [B, N, T, T] and x [B, T, N, H].
+void causal_weighted(const CausalHeads& c, const Tensor& p, bool transpose, const Tensor& x,
+                     Tensor& out) {
+  const int64_t h = x.dim(3), ld = c.heads * h;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t n = 0; n < c.heads; ++n) {
+      small_gemm({.m = c.t,
+                  .n = h,
+                  .k = c.t,
+                  .a = c.square(p, b, n),
+                  .a_row_stride = transpose ? 1 : c.t,
+                  .a_inner_stride = transpose ? c.t : 1,
+                  .b = c.head(x, b, n),
+                  .ldb = ld,
+                  .c = c.head(out, b, n),
+                  .ldc = ld,
+                  .causal = transpose ? CausalPart::kInnerFromRow : CausalPart::kInnerUpToRow});
+    }
+  }
+}
+
+// scores[b, n] = Q_bn · K_bnᵀ; saved query, key; i[0] = causal.
 void scores_backward(Tape& t, const Node& n, Tensor g) {
   const Tensor& q = n.saved[0];
   const Tensor& k = n.saved[1];
   const int64_t batch = q.dim(0), tq = q.dim(1), heads = q.dim(2), h = q.dim(3), s = k.dim(1);
   const int64_t ld = heads * h;
+  if (n.i[0] != 0) {
+    const CausalHeads c{batch, heads, tq};
+    if (n.in[0] >= 0) {  // dQ_bn = G_bn · K_bn over s ≤ t
+      Tensor dq(q.shape());
+      causal_weighted(c, g, false, k, dq);
+      t.accumulate(n.in[0], std::move(dq));
+    }
+    if (n.in[1] >= 0) {  // dK_bn = G_bnᵀ · Q_bn over t ≥ s
+      Tensor dk(k.shape());
+      causal_weighted(c, g, true, q, dk);
+      t.accumulate(n.in[1], std::move(dk));
+    }
+    return;
+  }
   const StridedMatrices gm{g.data<float>(), heads * tq * s, tq * s, s};
   if (n.in[0] >= 0) {  // dQ_bn [T, H] = G_bn [T, S] · K_bn [S, H]
     Tensor dq(q.shape());
@@ -108,12 +199,26 @@ void scores_backward(Tape& t, const Node& n, Tensor g) {
   }
 }
 
-// out_bn = P_bn · V_bn; saved probs, value.
+// out_bn = P_bn · V_bn; saved probs, value; i[0] = causal.
 void combine_backward(Tape& t, const Node& n, Tensor g) {
   const Tensor& p = n.saved[0];
   const Tensor& v = n.saved[1];
   const int64_t batch = p.dim(0), heads = p.dim(1), tq = p.dim(2), s = p.dim(3), h = v.dim(3);
   const int64_t ld = heads * h;
+  if (n.i[0] != 0) {
+    const CausalHeads c{batch, heads, tq};
+    if (n.in[0] >= 0) {  // dP_bn = G_bn · V_bnᵀ for s ≤ t, 0 above
+      Tensor dp(p.shape());
+      causal_outer(c, g, v, dp);
+      t.accumulate(n.in[0], std::move(dp));
+    }
+    if (n.in[1] >= 0) {  // dV_bn = P_bnᵀ · G_bn over t ≥ s
+      Tensor dv(v.shape());
+      causal_weighted(c, p, true, g, dv);
+      t.accumulate(n.in[1], std::move(dv));
+    }
+    return;
+  }
   const StridedMatrices gm{g.data<float>(), tq * ld, h, ld};
   if (n.in[0] >= 0) {  // dP_bn [T, S] = G_bn [T, H] · V_bnᵀ [H, S]
     Tensor dp(p.shape());
@@ -156,7 +261,7 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask, const MaskedSoftmaxOp
   return y;
 }
 
-Tensor multihead_scores(const Tensor& query, const Tensor& key) {
+Tensor multihead_scores(const Tensor& query, const Tensor& key, bool causal) {
   check_head_layout(query, "multihead_scores", "the query");
   check_head_layout(key, "multihead_scores", "the key");
   DTRAIN_CHECK(
@@ -165,19 +270,26 @@ Tensor multihead_scores(const Tensor& query, const Tensor& key) {
       " differ in batch, heads or key dim");
   const int64_t batch = query.dim(0), tq = query.dim(1), heads = query.dim(2), h = query.dim(3);
   const int64_t s = key.dim(1), ld = heads * h;
+  DTRAIN_CHECK(!causal || tq == s, "multihead_scores: a causal product needs as many keys as ",
+               "queries, got ", tq, " queries and ", s, " keys");
   Tensor out(Shape{batch, heads, tq, s});
-  strided_batched_gemm(batch, heads, false, true, tq, s, h, 1.0f,
-                       {query.data<float>(), tq * ld, h, ld}, {key.data<float>(), s * ld, h, ld},
-                       0.0f, {out.data<float>(), heads * tq * s, tq * s, s});
+  if (causal) {
+    causal_outer({batch, heads, tq}, query, key, out);
+  } else {
+    strided_batched_gemm(batch, heads, false, true, tq, s, h, 1.0f,
+                         {query.data<float>(), tq * ld, h, ld}, {key.data<float>(), s * ld, h, ld},
+                         0.0f, {out.data<float>(), heads * tq * s, tq * s, s});
+  }
   Tape* t = recording_tape(query, key);
   if (t == nullptr) return out;
   Node& n = t->record(scores_backward, out, t->node_of(query), t->node_of(key));
   n.saved[0] = stop_gradient(query);
   n.saved[1] = stop_gradient(key);
+  n.i[0] = causal;
   return out;
 }
 
-Tensor multihead_combine(const Tensor& probs, const Tensor& value) {
+Tensor multihead_combine(const Tensor& probs, const Tensor& value, bool causal) {
   DTRAIN_CHECK(probs.defined() && probs.dtype() == DType::kFloat32 && probs.rank() == 4,
                "multihead_combine: expected probabilities float32 [batch, heads, T, S], got ",
                probs.defined() ? probs.shape().to_string() : "undefined");
@@ -188,15 +300,23 @@ Tensor multihead_combine(const Tensor& probs, const Tensor& value) {
       value.shape().to_string(), " differ in batch, heads or length");
   const int64_t batch = probs.dim(0), heads = probs.dim(1), tq = probs.dim(2), s = probs.dim(3);
   const int64_t h = value.dim(3), ld = heads * h;
+  DTRAIN_CHECK(!causal || tq == s, "multihead_combine: a causal product needs square ",
+               "probabilities, got ", probs.shape().to_string());
   Tensor out(Shape{batch, tq, heads, h});
-  strided_batched_gemm(
-      batch, heads, false, false, tq, h, s, 1.0f, {probs.data<float>(), heads * tq * s, tq * s, s},
-      {value.data<float>(), s * ld, h, ld}, 0.0f, {out.data<float>(), tq * ld, h, ld});
+  if (causal) {
+    causal_weighted({batch, heads, tq}, probs, false, value, out);
+  } else {
+    strided_batched_gemm(batch, heads, false, false, tq, h, s, 1.0f,
+                         {probs.data<float>(), heads * tq * s, tq * s, s},
+                         {value.data<float>(), s * ld, h, ld}, 0.0f,
+                         {out.data<float>(), tq * ld, h, ld});
+  }
   Tape* t = recording_tape(probs, value);
   if (t == nullptr) return out;
   Node& n = t->record(combine_backward, out, t->node_of(probs), t->node_of(value));
   n.saved[0] = stop_gradient(probs);
   n.saved[1] = stop_gradient(value);
+  n.i[0] = causal;
   return out;
 }
 

@@ -177,14 +177,16 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
   const Tensor q = project(query, *wq_, bq_);
   const Tensor k = project(key, *wk_, bk_);
   const Tensor v = project(value, *wv_, bv_);
-  const Tensor scores = multihead_scores(q, k);  // [B, N, T, S]
+  // A causal softmax never reads the scores above the diagonal: the products skip them.
+  const bool causal_products = causal_in_softmax && t_len == s_len;
+  const Tensor scores = multihead_scores(q, k, causal_products);  // [B, N, T, S]
   const Tensor probs = masked_softmax(
       scores, mask,
       {.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)), .causal = causal_in_softmax});
   if (options.attention_scores) *options.attention_scores = probs;
   // Dropout::call directly: Layer::operator() would pin the first call's [B, N, T, S].
   const Tensor dropped = dropout_rate_ > 0.0f ? dropout_.call(probs, options.training) : probs;
-  const Tensor context = multihead_combine(dropped, v);  // [B, T, N, Hv]
+  const Tensor context = multihead_combine(dropped, v, causal_products);  // [B, T, N, Hv]
   const Tensor flat = reshape(context, Shape{batch * t_len, num_heads_ * value_dim_});
   const Tensor w = reshape(wo_->value(), Shape{num_heads_ * value_dim_, out_features_});
   const Tensor b = bo_ ? bo_->value() : Tensor();

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dtrain/core/error.h"
+#include "vector_math.h"
 
 namespace dtrain::ops {
 namespace {
@@ -80,10 +81,11 @@ void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols, bool log
     for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
     if (!std::isfinite(mx)) mx = 0;  // all -inf (or inf/nan): let the arithmetic propagate
     double sum = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float e = std::exp(xr[c] - mx);
-      if (!log) yr[c] = e;
-      sum += e;
+    if (!log) {
+      if (yr != xr) std::copy(xr, xr + cols, yr);
+      sum = vmath::exp_shifted_sum(yr, cols, mx);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(xr[c] - mx);
     }
     if (log) {
       const float lse = mx + static_cast<float>(std::log(sum));
@@ -117,7 +119,7 @@ void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols, fl
       softmax_rows(y, y, rows, cols, true);
       return;
     case Activation::kGelu:
-      for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * y[i] * (1.0f + std::erf(y[i] * kSqrtHalf));
+      for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * y[i] * (1.0f + vmath::erf(y[i] * kSqrtHalf));
       return;
     case Activation::kGeluTanh:
       for (int64_t i = 0; i < n; ++i) {
@@ -199,8 +201,8 @@ void activation_backward_inplace(Activation act, const float* y, const float* x,
       // d/dx x·Φ(x) = Φ(x) + x·φ(x), from x.
       for (int64_t i = 0; i < n; ++i) {
         const float xi = x[i];
-        const float cdf = 0.5f * (1.0f + std::erf(xi * kSqrtHalf));
-        dz[i] *= cdf + xi * kInvSqrt2Pi * std::exp(-0.5f * xi * xi);
+        const float cdf = 0.5f * (1.0f + vmath::erf(xi * kSqrtHalf));
+        dz[i] *= cdf + xi * kInvSqrt2Pi * vmath::exp(-0.5f * xi * xi);
       }
       return;
     case Activation::kGeluTanh:

@@ -9,6 +9,7 @@
 #include "dtrain/core/error.h"
 #include "dtrain/ops/gemm.h"
 #include "dtrain/ops/tensor_ops.h"
+#include "vector_math.h"
 
 namespace dtrain::ops {
 namespace {
@@ -135,26 +136,45 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask, const MaskedSoftmaxOp
     // Causal: keys after the query position are masked (Keras's lower-triangular mask).
     const int64_t visible =
         options.causal ? std::clamp<int64_t>(t + 1 + options.causal_offset, 0, s_len) : s_len;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t s = 0; s < s_len; ++s) {
-      float v = xr[s] * scale;
-      if (pm) {
-        const float mv = pm[mask_row + s * mask_col];
-        v = options.additive ? v + mv : (mv != 0.0f ? v : v + kMaskedScore);
+    // Fast path: only the visible keys are read. A causally masked key's e^(v − max) is exactly
+    // 0 in float once some visible key is unmasked (its score is 1e9 below), so those are
+    // written as 0 unread. A row whose visible keys are all masked takes the full pass below.
+    bool done = false;
+    if (visible > 0) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < visible; ++s) {
+        float v = xr[s] * scale;
+        if (pm) {
+          const float mv = pm[mask_row + s * mask_col];
+          v = options.additive ? v + mv : (mv != 0.0f ? v : v + kMaskedScore);
+        }
+        yr[s] = v;
+        mx = std::max(mx, v);
       }
-      if (s >= visible) v += kMaskedScore;
-      yr[s] = v;
-      mx = std::max(mx, v);
+      if (visible == s_len || mx > 0.5f * kMaskedScore) {
+        if (!std::isfinite(mx)) mx = 0;
+        const float inv = static_cast<float>(1.0 / vmath::exp_shifted_sum(yr, visible, mx));
+        for (int64_t s = 0; s < visible; ++s) yr[s] *= inv;
+        std::fill(yr + visible, yr + s_len, 0.0f);
+        done = true;
+      }
     }
-    if (!std::isfinite(mx)) mx = 0;
-    double sum = 0;
-    for (int64_t s = 0; s < s_len; ++s) {
-      const float e = std::exp(yr[s] - mx);
-      yr[s] = e;
-      sum += e;
+    if (!done) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < s_len; ++s) {
+        float v = xr[s] * scale;
+        if (pm) {
+          const float mv = pm[mask_row + s * mask_col];
+          v = options.additive ? v + mv : (mv != 0.0f ? v : v + kMaskedScore);
+        }
+        if (s >= visible) v += kMaskedScore;
+        yr[s] = v;
+        mx = std::max(mx, v);
+      }
+      if (!std::isfinite(mx)) mx = 0;
+      const float inv = static_cast<float>(1.0 / vmath::exp_shifted_sum(yr, s_len, mx));
+      for (int64_t s = 0; s < s_len; ++s) yr[s] *= inv;
     }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t s = 0; s < s_len; ++s) yr[s] *= inv;
     if (pm) {
       // Advance the row's multi-index and its mask offset.
       for (int d = rank - 2; d >= 0; --d) {
@@ -176,9 +196,7 @@ void masked_softmax_backward_inplace(const Tensor& y, Tensor& dy, float scale) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* yr = py + r * s_len;
     float* dr = pd + r * s_len;
-    double dot = 0;
-    for (int64_t s = 0; s < s_len; ++s) dot += static_cast<double>(dr[s]) * yr[s];
-    const float d = static_cast<float>(dot);
+    const float d = static_cast<float>(vmath::dot(dr, yr, s_len));
     for (int64_t s = 0; s < s_len; ++s) dr[s] = scale * yr[s] * (dr[s] - d);
   }
 }

@@ -204,6 +204,70 @@ TEST(MultiheadProducts, Gradients) {
   EXPECT_LT(gradcheck([](const Inputs& x) { return multihead_combine(x[0], x[1]); }, {p, v}), kTol);
 }
 
+// The causal products (small_gemm on the lower triangle) against the full products with the
+// upper triangle zeroed, and through a causal softmax against the unskipped path; T = 13 and
+// H = 20 leave partial row blocks and column chunks.
+TEST(MultiheadProducts, CausalEqualsTheFullProductsOnTheLowerTriangle) {
+  const int64_t B = 2, T = 13, N = 2, H = 20;
+  const Tensor q = random_tensor(Shape{B, T, N, H}, 71);
+  const Tensor k = random_tensor(Shape{B, T, N, H}, 72);
+  const Tensor v = random_tensor(Shape{B, T, N, 7}, 73);
+  const Tensor full = multihead_scores(q, k);
+  const Tensor causal = multihead_scores(q, k, true);
+  Tensor lower = full.clone();
+  for (int64_t i = 0; i < lower.num_elements(); ++i) {
+    if (i % T > (i / T) % T) lower.data<float>()[i] = 0.0f;
+  }
+  for (int64_t i = 0; i < lower.num_elements(); ++i) {
+    ASSERT_NEAR(causal.data<float>()[i], lower.data<float>()[i], 1e-5) << i;
+  }
+  const Tensor out_full = multihead_combine(lower, v);
+  const Tensor out_causal = multihead_combine(lower, v, true);
+  for (int64_t i = 0; i < out_full.num_elements(); ++i) {
+    ASSERT_NEAR(out_causal.data<float>()[i], out_full.data<float>()[i], 1e-5) << i;
+  }
+  // The causal combine does not read above the diagonal.
+  Tensor poisoned = lower.clone();
+  for (int64_t i = 0; i < poisoned.num_elements(); ++i) {
+    if (i % T > (i / T) % T) poisoned.data<float>()[i] = std::nanf("");
+  }
+  const Tensor out_poisoned = multihead_combine(poisoned, v, true);
+  for (int64_t i = 0; i < out_full.num_elements(); ++i) {
+    ASSERT_EQ(out_poisoned.data<float>()[i], out_causal.data<float>()[i]) << i;
+  }
+}
+
+TEST(MultiheadProducts, CausalGradients) {
+  const Tensor q = random_tensor(Shape{2, 7, 2, 3}, 81);
+  const Tensor k = random_tensor(Shape{2, 7, 2, 3}, 82);
+  const Tensor v = random_tensor(Shape{2, 7, 2, 5}, 84);
+  EXPECT_LT(gradcheck([](const Inputs& x) { return multihead_scores(x[0], x[1], true); }, {q, k}),
+            kTol);
+  // The products through a causal softmax, as MultiHeadAttention chains them, against the
+  // same chain without the causal products.
+  auto chain = [](bool causal_products) {
+    return [causal_products](const Inputs& x) {
+      const Tensor p = masked_softmax(multihead_scores(x[0], x[1], causal_products), Tensor(),
+                                      {.scale = 0.5f, .causal = true});
+      return multihead_combine(p, x[2], causal_products);
+    };
+  };
+  EXPECT_LT(gradcheck(chain(true), {q, k, v}), kTol);
+  const Tensor a = chain(true)({q, k, v});
+  const Tensor b = chain(false)({q, k, v});
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    ASSERT_NEAR(a.data<float>()[i], b.data<float>()[i], 1e-5) << i;
+  }
+}
+
+TEST(MultiheadProducts, CausalNeedsASquareProduct) {
+  expect_throws_with<InvalidArgumentError>(
+      [] {
+        multihead_scores(Tensor::zeros(Shape{1, 3, 2, 4}), Tensor::zeros(Shape{1, 5, 2, 4}), true);
+      },
+      {"causal", "3 queries and 5 keys"});
+}
+
 TEST(EmbeddingLookup, GathersRowsAndScattersGradients) {
   const Tensor table = random_tensor(Shape{6, 3}, 61);
   const Tensor ids = Tensor::from_vector<int32_t>({5, 0, 2, 2, 5, 1}, Shape{2, 3});

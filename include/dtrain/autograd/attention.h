@@ -1,6 +1,7 @@
 // Differentiable attention ops: batched matmul, the fused masked/causal softmax, and the two
 // products of multi-head attention computed on Keras's [batch, time, heads, dim] layout
-// directly (strided GEMMs, no transposes). Thread-safe for distinct tensors.
+// directly (strided GEMMs, no transposes; causal products skip the masked triangle). Thread-safe
+// for distinct tensors.
 #pragma once
 
 #include "dtrain/core/tensor.h"
@@ -24,10 +25,14 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask = Tensor(),
 // Attention scores per head: query [B, T, N, H], key [B, S, N, H] → [B, N, T, S] with
 // scores[b, n, t, s] = Σ_h query[b, t, n, h] · key[b, s, n, h] (Keras's
 // einsum("aecd,abcd->acbe", key, query)).
-Tensor multihead_scores(const Tensor& query, const Tensor& key);
+// With `causal` (T = S), only the causal part is computed: scores[b, n, t, s] = 0 for s > t, and
+// their gradient is ignored (for a causal masked_softmax, which never reads them).
+Tensor multihead_scores(const Tensor& query, const Tensor& key, bool causal = false);
 // Weighted values: probs [B, N, T, S], value [B, S, N, H] → [B, T, N, H] with
 // out[b, t, n, h] = Σ_s probs[b, n, t, s] · value[b, s, n, h] (Keras's
 // einsum("acbe,aecd->abcd", probs, value)).
-Tensor multihead_combine(const Tensor& probs, const Tensor& value);
+// With `causal` (T = S), probs[b, n, t, s] for s > t is taken as 0 and not read (a causal
+// softmax's output), and gets a zero gradient.
+Tensor multihead_combine(const Tensor& probs, const Tensor& value, bool causal = false);
 
 }  // namespace dtrain

@@ -8,6 +8,8 @@
 #    global batch 64.
 # Peak RSS: the largest process's (each dtrain worker under /usr/bin/time; each DDP rank).
 # Usage: bench/cnn_parallel.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
+# CNN_STEPS=N stops every program's epochs after N steps (a shorter run on a loaded machine; the
+# "epoch seconds" are then per N steps, and the accuracies after N steps).
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 bench_setup
@@ -17,26 +19,30 @@ bin="${BUILD_DIR:-build}/bench/bench_cnn_epoch"
 dtrain="${BUILD_DIR:-build}/dtrain"
 need_binary "$bin"
 need_binary "$dtrain"
+steps="${CNN_STEPS:-0}"
 torch_cnn() { /usr/bin/python3 bench/torch_cnn_epoch.py "$@"; }
+fit_steps=()
+if [[ "$steps" -gt 0 ]]; then fit_steps=(--steps-per-epoch "$steps"); fi
 d2=() t2=() f2=() mw=() ddp=() ddpf=()
 # Alternate the programs so that machine noise hits all alike.
 for r in $(seq "$rounds"); do
-  CNN_SKIP_FLOOR=1 OMP_NUM_THREADS=2 "$bin" "$epochs" 2 > "$tmp/d2.$r"
-  OMP_NUM_THREADS=2 torch_cnn "$epochs" 2 0 > "$tmp/t2.$r"
-  OMP_NUM_THREADS=2 torch_cnn "$epochs" 2 1 > "$tmp/f2.$r"
+  CNN_SKIP_FLOOR=1 OMP_NUM_THREADS=2 "$bin" "$epochs" 2 0 "$steps" > "$tmp/d2.$r"
+  OMP_NUM_THREADS=2 torch_cnn "$epochs" 2 0 0 1 "$steps" > "$tmp/t2.$r"
+  OMP_NUM_THREADS=2 torch_cnn "$epochs" 2 1 0 1 "$steps" > "$tmp/f2.$r"
   d2+=("$(get epoch_seconds_median "$tmp/d2.$r")")
   t2+=("$(get epoch_seconds_median "$tmp/t2.$r")")
   f2+=("$(get epoch_seconds_median "$tmp/f2.$r")")
   "$dtrain" launch --nproc-per-node 2 -- /usr/bin/time -f 'peak_rss_kib %M' "$dtrain" fit \
     --arch cnn --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 \
-    > "$tmp/mw.$r" 2>&1
+    "${fit_steps[@]}" > "$tmp/mw.$r" 2>&1
   mw+=("$(dtrain_epoch "$tmp/mw.$r")")
-  torch_cnn "$epochs" 1 0 0 2 > "$tmp/ddp.$r" 2>&1
-  torch_cnn "$epochs" 1 1 0 2 > "$tmp/ddpf.$r" 2>&1
+  torch_cnn "$epochs" 1 0 0 2 "$steps" > "$tmp/ddp.$r" 2>&1
+  torch_cnn "$epochs" 1 1 0 2 "$steps" > "$tmp/ddpf.$r" 2>&1
   ddp+=("$(get epoch_seconds_median "$tmp/ddp.$r")")
   ddpf+=("$(get epoch_seconds_median "$tmp/ddpf.$r")")
 done
 print_machine
+if [[ "$steps" -gt 0 ]]; then echo "CNN_STEPS=$steps: every epoch stops after $steps steps"; fi
 echo "== 2 threads, batch 64 =="
 last_d="$tmp/d2.$rounds" last_t="$tmp/t2.$rounds" last_f="$tmp/f2.$rounds"
 header

@@ -3,12 +3,14 @@
 
 Run with Debian's interpreter, which has python3-torch:
   /usr/bin/python3 bench/torch_cnn_epoch.py [epochs] [threads] [flush_denormal] [seed] [world]
+                                            [steps_per_epoch]
 flush_denormal 1 runs with torch.set_flush_denormal(True) (FTZ|DAZ, as dtrain by default);
 0 (the default) is PyTorch's default. world > 1 trains with DistributedDataParallel (gloo on
 loopback), `world` processes of `threads` threads, the global batch of 64 split as in
 bench/torch_ddp_epoch.py (the same permutation on every rank, each global batch strided by rank).
 Prints the same "key value" lines as the dtrain program (from rank 0; peak RSS is the largest
-rank's).
+rank's). steps_per_epoch > 0 stops each epoch after that many steps (0: the whole epoch), as
+bench_cnn_epoch's and `dtrain fit --steps-per-epoch`.
 """
 import gzip
 import os
@@ -31,7 +33,7 @@ def idx(path, offset):
         return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
 
 
-def train(rank, world, epochs, threads, flush, seed, port):
+def train(rank, world, epochs, threads, flush, seed, port, steps=0):
     torch.set_num_threads(threads)
     if flush and not torch.set_flush_denormal(True):
         sys.exit("torch.set_flush_denormal(True): not supported on this CPU")
@@ -63,6 +65,8 @@ def train(rank, world, epochs, threads, flush, seed, port):
             perm = torch.randperm(n)
         total, seen = 0.0, 0
         last = n if world == 1 else n - batch + 1
+        if steps > 0:
+            last = min(last, steps * batch)
         for i in range(0, last, batch):
             idx_b = perm[i:i + batch] if world == 1 else perm[i + rank * per:i + (rank + 1) * per]
             xb, yb = x_train[idx_b], y_train[idx_b]
@@ -112,13 +116,15 @@ def main():
     flush = len(sys.argv) > 3 and sys.argv[3] == "1"
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     world = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    steps = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     if world == 1:
-        train(0, 1, epochs, threads, flush, seed, 0)
+        train(0, 1, epochs, threads, flush, seed, 0, steps)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(train, args=(world, epochs, threads, flush, seed, port), nprocs=world, join=True)
+    mp.spawn(train, args=(world, epochs, threads, flush, seed, port, steps), nprocs=world,
+             join=True)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-// oneDNN 2.x (Debian's libdnnl, OpenMP runtime) convolutions on dtrain's own NHWC/HWIO buffers:
-// the memory descriptors describe those layouts exactly, so nothing is reordered. Primitives,
-// their memory objects and argument maps are cached per thread and per (direction, geometry,
-// bias, thread count), the scratchpad is user-managed in a per-thread buffer that only grows,
-// and each thread has its own stream; so once warm a step creates nothing. oneDNN's OpenMP team
-// is sized to ops::num_threads() on every call (one thread when dtrain runs with one).
+// oneDNN 2.x (Debian's libdnnl, OpenMP runtime) convolutions on dtrain's own NHWC/HWIO buffers.
+// The weights go through the layout oneDNN picks (reordered per call, they are small); the
+// activations stay NHWC in place, or, where both channel counts are multiples of 8, go through
+// oneDNN's blocked layout with a reorder on each side (blocked_activations). Primitives, their
+// memory objects, reorders and staging buffers are cached per thread and per (direction,
+// geometry, bias, thread count), the scratchpad is user-managed in a per-thread buffer that only
+// grows, and each thread has its own stream; so once warm a step creates nothing. oneDNN's
+// OpenMP team is sized to ops::num_threads() on every call (one thread when dtrain runs with one).
 #include "convolution_onednn.h"
 
 #include <omp.h>
@@ -15,6 +17,7 @@
 #include <dnnl.hpp>
 #include <map>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -57,18 +60,24 @@ enum Direction : int64_t { kForward = 0, kBackwardData = 1, kBackwardWeights = 2
 
 using Key = std::array<int64_t, 20>;
 
+// One argument of a primitive. `user` describes dtrain's buffer (its handle is set per call);
+// when the primitive chose another layout, `inner` is a buffer of the entry in that layout and
+// `reorder` copies user -> inner before the primitive (inputs) or inner -> user after it
+// (outputs).
+struct Arg {
+  int id = 0;  // DNNL_ARG_*
+  bool input = true;
+  dnnl::memory user, inner;
+  std::vector<float> buffer;
+  dnnl::reorder reorder;
+  bool staged = false;
+};
+
 struct Entry {
   dnnl::primitive prim;
-  dnnl::memory a, b, c, d;  // the arguments in `args` (d: bias, forward only)
-  std::unordered_map<int, dnnl::memory> args;
+  std::vector<Arg> args;  // in the order of execute()'s pointers: a, b, c, bias
+  std::unordered_map<int, dnnl::memory> arg_map;
   size_t scratchpad_bytes = 0;
-  // The weights in the primitive's own (blocked) layout, when it chose one: HWIO is reordered
-  // into it before (forward, backward data) or out of it after (backward weights) the primitive.
-  // Weights are small (conv2: 18k floats), activations stay NHWC.
-  std::vector<float> blocked;
-  dnnl::memory user_weights, blocked_weights;
-  dnnl::reorder weights_reorder;
-  bool reorder_before = false, reorder_after = false;
 };
 
 struct ThreadState {
@@ -103,6 +112,24 @@ dnnl::memory::desc weights_desc(const OnednnConv& g) {
                             dims{og, 1, g.o, g.kw * cg * g.o, cg * g.o});
 }
 
+// Whether direction `dir` runs on oneDNN's own activation layout (blocked, nChw8c on AVX2) with
+// a reorder from and to NHWC around the primitive, rather than on NHWC in place. Measured on
+// the CNN's conv2 (13x13x32 -> 64; bench/conv_kernels.cc, docs/performance.md): oneDNN 2.6's
+// jit:avx2 forward and backward-weights kernels on blocked activations beat the NHWC ones by
+// more than the reorders cost, its backward-data kernel does not. Only where both channel
+// counts fill whole 8-float blocks (conv1, one input channel, stays NHWC).
+// DTRAIN_CONV_LAYOUT (read once) names the blocked directions for A/B runs: letters f, d, w
+// (forward, backward data, backward weights), or "nhwc" for none.
+bool blocked_activations(Direction dir, const OnednnConv& g) {
+  static const std::string which = [] {
+    const char* env = std::getenv("DTRAIN_CONV_LAYOUT");
+    if (env == nullptr) return std::string("fw");
+    return std::strcmp(env, "nhwc") == 0 ? std::string() : std::string(env);
+  }();
+  const char letter = dir == kForward ? 'f' : dir == kBackwardData ? 'd' : 'w';
+  return which.find(letter) != std::string::npos && g.groups == 1 && g.c % 8 == 0 && g.o % 8 == 0;
+}
+
 struct Params {
   dims strides, dilation, pad_l, pad_r;
 };
@@ -114,94 +141,92 @@ Params params(const OnednnConv& g) {
   return Params{dims{g.sh, g.sw}, dims{g.dh - 1, g.dw - 1}, dims{g.pt, g.pl}, dims{pb, pr}};
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(const OnednnConv& g, bool bias,
-                                                     const dnnl::memory::desc& wei,
-                                                     dnnl::prop_kind prop,
-                                                     const dnnl::primitive_attr& attr,
-                                                     const dnnl::engine& eng) {
+dnnl::convolution_forward::primitive_desc forward_pd(
+    const OnednnConv& g, bool bias, const dnnl::memory::desc& src, const dnnl::memory::desc& wei,
+    const dnnl::memory::desc& dst, const dnnl::primitive_attr& attr, const dnnl::engine& eng) {
   const Params p = params(g);
   const auto bias_md = bias ? dnnl::memory::desc(dims{g.o}, dt::f32, tag::x) : dnnl::memory::desc();
   return dnnl::convolution_forward::primitive_desc(
-      dnnl::convolution_forward::desc(prop, dnnl::algorithm::convolution_direct, src_desc(g), wei,
-                                      bias_md, dst_desc(g), p.strides, p.dilation, p.pad_l,
-                                      p.pad_r),
+      dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                      dnnl::algorithm::convolution_direct, src, wei, bias_md, dst,
+                                      p.strides, p.dilation, p.pad_l, p.pad_r),
       attr, eng);
 }
 
-// The layouts must come out exactly as asked (no "any"), so a mismatch is a bug, not a reorder.
-bool same(const dnnl::memory::desc& a, const dnnl::memory::desc& b) { return a == b; }
-
-// The memory the primitive reads or writes the weights through: dtrain's HWIO buffer itself
-// when the primitive chose that layout, else a buffer of the entry in its layout with a reorder
-// from (`into`) or back to HWIO.
-dnnl::memory weights_memory(Entry& e, const dnnl::memory::desc& chosen, const OnednnConv& g,
-                            bool into, ThreadState& s) {
-  const auto user = weights_desc(g);
-  e.user_weights = dnnl::memory(user, s.engine, DNNL_MEMORY_NONE);
-  if (same(chosen, user)) return e.user_weights;
-  e.blocked.resize((chosen.get_size() + sizeof(float) - 1) / sizeof(float));
-  e.blocked_weights = dnnl::memory(chosen, s.engine, e.blocked.data());
-  if (into) {
-    e.weights_reorder = dnnl::reorder(e.user_weights, e.blocked_weights);
-    e.reorder_before = true;
-  } else {
-    e.weights_reorder = dnnl::reorder(e.blocked_weights, e.user_weights);
-    e.reorder_after = true;
-  }
-  return e.blocked_weights;
+// The argument `id` over dtrain's buffer of layout `user`, as the primitive reads or writes it
+// in layout `chosen`: the buffer itself when the layouts agree, else staged through a reorder.
+Arg make_arg(int id, bool input, const dnnl::memory::desc& user, const dnnl::memory::desc& chosen,
+             ThreadState& s) {
+  Arg a;
+  a.id = id;
+  a.input = input;
+  a.user = dnnl::memory(user, s.engine, DNNL_MEMORY_NONE);
+  if (chosen == user) return a;
+  a.staged = true;
+  a.buffer.resize((chosen.get_size() + sizeof(float) - 1) / sizeof(float));
+  a.inner = dnnl::memory(chosen, s.engine, a.buffer.data());
+  a.reorder = input ? dnnl::reorder(a.user, a.inner) : dnnl::reorder(a.inner, a.user);
+  return a;
 }
 
 std::unique_ptr<Entry> create(Direction dir, const OnednnConv& g, bool bias, ThreadState& s) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   auto e = std::make_unique<Entry>();
-  const auto src = src_desc(g), dst = dst_desc(g);
-  const auto wei = dnnl::memory::desc(weights_desc(g).dims(), dt::f32, tag::any);
+  const auto src = src_desc(g), dst = dst_desc(g), wei_user = weights_desc(g);
+  const auto any = [](const dnnl::memory::desc& d) {
+    return dnnl::memory::desc(d.dims(), dt::f32, tag::any);
+  };
+  // The weights always in the layout oneDNN picks: with plain HWIO weights oneDNN 2.6 on AVX2
+  // falls back to its im2col + GEMM (docs/decisions.md).
+  const auto wei = any(wei_user);
+  const bool blocked = blocked_activations(dir, g);
+  const auto src_q = blocked ? any(src) : src, dst_q = blocked ? any(dst) : dst;
   const Params p = params(g);
+  const auto hint = forward_pd(g, bias && dir == kForward, src_q, wei, dst_q, attr, s.engine);
+  // Without blocked activations the layouts must come out exactly as asked, so that nothing but
+  // the weights is reordered; where oneDNN insists otherwise, im2col takes the shape.
+  const auto check = [&](const dnnl::memory::desc& x_md, const dnnl::memory::desc& y_md) {
+    return blocked || (x_md == src && y_md == dst);
+  };
   if (dir == kForward) {
-    const auto pd = forward_pd(g, bias, wei, dnnl::prop_kind::forward_training, attr, s.engine);
-    if (!same(pd.src_desc(), src) || !same(pd.dst_desc(), dst)) return nullptr;
-    e->prim = dnnl::convolution_forward(pd);
-    e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-    e->a = dnnl::memory(src, s.engine, DNNL_MEMORY_NONE);
-    e->b = weights_memory(*e, pd.weights_desc(), g, true, s);
-    e->c = dnnl::memory(dst, s.engine, DNNL_MEMORY_NONE);
-    e->args = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
-    if (bias) {
-      e->d = dnnl::memory(pd.bias_desc(), s.engine, DNNL_MEMORY_NONE);
-      e->args[DNNL_ARG_BIAS] = e->d;
-    }
+    if (!check(hint.src_desc(), hint.dst_desc())) return nullptr;
+    e->prim = dnnl::convolution_forward(hint);
+    e->scratchpad_bytes = hint.scratchpad_desc().get_size();
+    e->args.push_back(make_arg(DNNL_ARG_SRC, true, src, hint.src_desc(), s));
+    e->args.push_back(make_arg(DNNL_ARG_WEIGHTS, true, wei_user, hint.weights_desc(), s));
+    e->args.push_back(make_arg(DNNL_ARG_DST, false, dst, hint.dst_desc(), s));
+    if (bias)
+      e->args.push_back(make_arg(DNNL_ARG_BIAS, true, hint.bias_desc(), hint.bias_desc(), s));
   } else if (dir == kBackwardData) {
-    const auto hint = forward_pd(g, false, wei, dnnl::prop_kind::forward_training, attr, s.engine);
     const dnnl::convolution_backward_data::primitive_desc pd(
-        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src, wei, dst,
-                                              p.strides, p.dilation, p.pad_l, p.pad_r),
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, src_q, wei,
+                                              dst_q, p.strides, p.dilation, p.pad_l, p.pad_r),
         attr, s.engine, hint);
-    if (!same(pd.diff_src_desc(), src) || !same(pd.diff_dst_desc(), dst)) return nullptr;
+    if (!check(pd.diff_src_desc(), pd.diff_dst_desc())) return nullptr;
     e->prim = dnnl::convolution_backward_data(pd);
     e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-    e->a = dnnl::memory(dst, s.engine, DNNL_MEMORY_NONE);
-    e->b = weights_memory(*e, pd.weights_desc(), g, true, s);
-    e->c = dnnl::memory(src, s.engine, DNNL_MEMORY_NONE);
-    e->args = {{DNNL_ARG_DIFF_DST, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DIFF_SRC, e->c}};
+    e->args.push_back(make_arg(DNNL_ARG_DIFF_DST, true, dst, pd.diff_dst_desc(), s));
+    e->args.push_back(make_arg(DNNL_ARG_WEIGHTS, true, wei_user, pd.weights_desc(), s));
+    e->args.push_back(make_arg(DNNL_ARG_DIFF_SRC, false, src, pd.diff_src_desc(), s));
   } else {
-    const auto hint = forward_pd(g, false, wei, dnnl::prop_kind::forward_training, attr, s.engine);
     const dnnl::convolution_backward_weights::primitive_desc pd(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src, wei, dst,
-                                                 p.strides, p.dilation, p.pad_l, p.pad_r),
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_q, wei,
+                                                 dst_q, p.strides, p.dilation, p.pad_l, p.pad_r),
         attr, s.engine, hint);
-    if (!same(pd.src_desc(), src) || !same(pd.diff_dst_desc(), dst)) return nullptr;
+    if (!check(pd.src_desc(), pd.diff_dst_desc())) return nullptr;
     e->prim = dnnl::convolution_backward_weights(pd);
     e->scratchpad_bytes = pd.scratchpad_desc().get_size();
-    e->a = dnnl::memory(src, s.engine, DNNL_MEMORY_NONE);
-    e->b = dnnl::memory(dst, s.engine, DNNL_MEMORY_NONE);
-    e->c = weights_memory(*e, pd.diff_weights_desc(), g, false, s);
-    e->args = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_DIFF_DST, e->b}, {DNNL_ARG_DIFF_WEIGHTS, e->c}};
+    e->args.push_back(make_arg(DNNL_ARG_SRC, true, src, pd.src_desc(), s));
+    e->args.push_back(make_arg(DNNL_ARG_DIFF_DST, true, dst, pd.diff_dst_desc(), s));
+    e->args.push_back(make_arg(DNNL_ARG_DIFF_WEIGHTS, false, wei_user, pd.diff_weights_desc(), s));
   }
+  for (const Arg& a : e->args) e->arg_map[a.id] = a.staged ? a.inner : a.user;
   return e;
 }
 
 // Runs `dir` on the cached primitive for (g, bias); false where oneDNN does not take it.
+// a, b, c: forward x, w, y; backward data dy, w, dx; backward weights x, dy, dw.
 bool execute(Direction dir, const OnednnConv& g, const void* a, const void* b, void* c,
              const void* bias) {
   if (g.n <= 0 || g.c <= 0 || g.o <= 0) return false;
@@ -237,25 +262,21 @@ bool execute(Direction dir, const OnednnConv& g, const void* a, const void* b, v
         dnnl::memory::desc(dims{static_cast<int64_t>(s.scratchpad_capacity)}, dt::u8, tag::x),
         s.engine, s.scratchpad.data());
   }
-  // The weights are b (forward, backward data) or c (backward weights); they go through
-  // user_weights, which is the argument itself when no reorder is needed.
-  e->a.set_data_handle(const_cast<void*>(a));
-  if (dir == kBackwardWeights) {
-    e->b.set_data_handle(const_cast<void*>(b));
-    e->user_weights.set_data_handle(c);
-  } else {
-    e->user_weights.set_data_handle(const_cast<void*>(b));
-    e->c.set_data_handle(c);
-  }
-  if (bias != nullptr) e->d.set_data_handle(const_cast<void*>(bias));
+  const std::array<void*, 4> handles{const_cast<void*>(a), const_cast<void*>(b), c,
+                                     const_cast<void*>(bias)};
+  for (size_t i = 0; i < e->args.size(); ++i) e->args[i].user.set_data_handle(handles[i]);
   if (e->scratchpad_bytes > 0) {
-    e->args[DNNL_ARG_SCRATCHPAD] = s.scratchpad_memory;
+    e->arg_map[DNNL_ARG_SCRATCHPAD] = s.scratchpad_memory;
   } else {
-    e->args.erase(DNNL_ARG_SCRATCHPAD);
+    e->arg_map.erase(DNNL_ARG_SCRATCHPAD);
   }
-  if (e->reorder_before) e->weights_reorder.execute(s.stream, e->user_weights, e->blocked_weights);
-  e->prim.execute(s.stream, e->args);
-  if (e->reorder_after) e->weights_reorder.execute(s.stream, e->blocked_weights, e->user_weights);
+  for (Arg& x : e->args) {
+    if (x.staged && x.input) x.reorder.execute(s.stream, x.user, x.inner);
+  }
+  e->prim.execute(s.stream, e->arg_map);
+  for (Arg& x : e->args) {
+    if (x.staged && !x.input) x.reorder.execute(s.stream, x.inner, x.user);
+  }
   s.stream.wait();
   fast_calls.fetch_add(1, std::memory_order_relaxed);
   return true;

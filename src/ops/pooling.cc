@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "dtrain/core/error.h"
+#include "max_pool_2x2.h"
 
 namespace dtrain::ops {
 
@@ -34,6 +35,16 @@ PoolGeometry pool_geometry(const Tensor& x, const Pool2DAttrs& a, const char* op
   DTRAIN_CHECK(g.oh > 0 && g.ow > 0, op, ": pool ", g.ph, "x", g.pw, " is larger than the input ",
                g.h, "x", g.w, " under padding='", padding_name(a.padding), "'");
   return g;
+}
+
+// The 2x2 kernels' view of g, when they take it (pool and strides 2, no padding before).
+bool max_pool_2x2_view(PoolKind kind, const PoolGeometry& g, detail::MaxPool2x2* v) {
+  if (kind != PoolKind::kMax || g.ph != 2 || g.pw != 2 || g.sh != 2 || g.sw != 2 || g.pt != 0 ||
+      g.pl != 0) {
+    return false;
+  }
+  *v = detail::MaxPool2x2{.n = g.n, .h = g.h, .w = g.w, .c = g.c, .oh = g.oh, .ow = g.ow};
+  return detail::max_pool_2x2_applies(*v);
 }
 
 // The window of output (oy, ox), clipped to the input: rows [y0, y1), columns [x0, x1).
@@ -118,6 +129,11 @@ Tensor pool2d(PoolKind kind, const Tensor& x, const Pool2DAttrs& a, const char* 
   Tensor y(Shape{g.n, g.oh, g.ow, g.c});
   const float* px = x.data<float>();
   float* py = y.data<float>();
+  detail::MaxPool2x2 v;
+  if (max_pool_2x2_view(kind, g, &v)) {
+    detail::max_pool_2x2_forward(v, px, py);
+    return y;
+  }
   for (int64_t n = 0; n < g.n; ++n) {
     const float* img = px + n * g.h * g.w * g.c;
     for (int64_t oy = 0; oy < g.oh; ++oy) {
@@ -156,6 +172,12 @@ Tensor pool2d_backward(PoolKind kind, const Tensor& x, const Tensor& dy, const P
                " does not match the output");
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
+  detail::MaxPool2x2 v;
+  if (max_pool_2x2_view(kind, g, &v)) {
+    Tensor dx(x.shape());
+    detail::max_pool_2x2_backward(v, px, pdy, dx.data<float>());
+    return dx;
+  }
   if (kind == PoolKind::kMax && g.sh == g.ph && g.sw == g.pw && g.pt == 0 && g.pl == 0) {
     Tensor dx(x.shape());
     max_pool_backward_tiled(g, px, pdy, dx.data<float>());

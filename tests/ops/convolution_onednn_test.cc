@@ -43,6 +43,11 @@ const Case kCases[] = {
     {{2, 9, 9, 1}, {3, 2, 1, 4}, {.dilation = {2, 2}, .padding = Padding::kSame}},
     {{4, 28, 28, 1}, {3, 3, 1, 32}, {.padding = Padding::kValid}},    // the CNN's conv1
     {{4, 13, 13, 32}, {3, 3, 32, 64}, {.padding = Padding::kValid}},  // and conv2
+    // Channel counts in whole 8-float blocks: forward and backward-weights on oneDNN's blocked
+    // activations with reorders (strides, padding, dilation, and a 1x1 kernel).
+    {{2, 9, 8, 8}, {3, 3, 8, 16}, {.strides = {2, 2}, .padding = Padding::kSame}},
+    {{2, 9, 9, 16}, {3, 3, 16, 8}, {.dilation = {2, 2}, .padding = Padding::kSame}},
+    {{2, 5, 4, 24}, {1, 1, 24, 8}, {.padding = Padding::kValid}},
 };
 
 void expect_close(const Tensor& got, const Tensor& want, const char* what, size_t index) {
@@ -97,7 +102,7 @@ TEST_F(ConvBackendTest, Im2colBackendDoesNotUseOnednn) {
 TEST_F(ConvBackendTest, OnednnIsDeterministicRunToRun) {
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    for (size_t k : {size_t{7}, size_t{11}, size_t{13}, size_t{14}}) {
+    for (size_t k : {size_t{7}, size_t{11}, size_t{13}, size_t{14}, size_t{15}, size_t{16}}) {
       const Case& c = kCases[k];
       const Tensor x = random_tensor(c.x, 11), w = random_tensor(c.w, 12);
       const Tensor y1 = conv2d(x, w, Tensor(), c.a), y2 = conv2d(x, w, Tensor(), c.a);

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -311,6 +314,53 @@ TEST(PoolKernel, MaxBackwardOverTilingWindowsMatchesTheScanExactly) {
       ASSERT_EQ(static_cast<size_t>(dx.num_elements()), want.size());
       for (size_t i = 0; i < want.size(); ++i) {
         ASSERT_EQ(dx.data<float>()[i], static_cast<float>(want[i]))
+            << shape.to_string() << " " << padding_name(pad) << " element " << i;
+      }
+    }
+  }
+}
+
+// The AVX2 2x2 kernels (channel counts that are multiples of 8, every window inside the input:
+// the CNN's pools) against the scans, bit for bit, forward and backward: ties, NaNs (first in
+// a window, and later in one, where the forward skips it), −0, uncovered last rows and columns.
+TEST(PoolKernel, TwoByTwoMaxKernelsMatchTheScansExactly) {
+  for (const Padding pad : {Padding::kValid, Padding::kSame}) {
+    for (const Shape& shape :
+         {Shape{2, 7, 5, 16}, Shape{2, 6, 4, 64}, Shape{3, 26, 26, 32}, Shape{2, 11, 11, 64}}) {
+      Philox rng(93);
+      Tensor x(shape);
+      float* px = x.data<float>();
+      for (int64_t i = 0; i < x.num_elements(); ++i) px[i] = std::floor(rng.uniform(-2.0f, 2.0f));
+      const int64_t c = shape[3], row = shape[2] * c;
+      px[0] = std::numeric_limits<float>::quiet_NaN();
+      px[c + 1] = std::numeric_limits<float>::quiet_NaN();  // second position of window 0
+      px[row + 2] = -0.0f;
+      px[x.num_elements() - 1] = -0.0f;
+      const Pool2DAttrs a{.padding = pad};
+      const Tensor y = pool2d(PoolKind::kMax, x, a);
+      const int64_t oh = y.dim(1), ow = y.dim(2);
+      for (int64_t n = 0; n < shape[0]; ++n)
+        for (int64_t oy = 0; oy < oh; ++oy)
+          for (int64_t ox = 0; ox < ow; ++ox)
+            for (int64_t ch = 0; ch < c; ++ch) {
+              float m = -std::numeric_limits<float>::infinity();
+              for (int64_t iy = 2 * oy; iy < std::min(2 * oy + 2, shape[1]); ++iy)
+                for (int64_t ix = 2 * ox; ix < std::min(2 * ox + 2, shape[2]); ++ix)
+                  m = std::max(m, px[((n * shape[1] + iy) * shape[2] + ix) * c + ch]);
+              const float got = y.data<float>()[((n * oh + oy) * ow + ox) * c + ch];
+              ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(m))
+                  << shape.to_string() << " " << padding_name(pad) << " forward " << n << "," << oy
+                  << "," << ox << "," << ch;
+            }
+      Tensor dy = random_tensor(y.shape(), 94);
+      dy.data<float>()[1] = -0.0f;
+      { Tensor dirty = Tensor::full(shape, 7.0); }  // back in the allocator's free list
+      const Tensor dx = pool2d_backward(PoolKind::kMax, x, dy, a);
+      const std::vector<double> want = reference_max_pool_backward(x, dy, a);
+      ASSERT_EQ(static_cast<size_t>(dx.num_elements()), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(dx.data<float>()[i]),
+                  std::bit_cast<uint32_t>(static_cast<float>(want[i])))
             << shape.to_string() << " " << padding_name(pad) << " element " << i;
       }
     }

@@ -73,13 +73,15 @@ class LaunchFaultTest : public ::testing::Test {
     return a;
   }
 
-  // Flags of node `node` of a two-node job on `rdzv`, with its own event log.
+  // Flags of node `node` of a two-node job on `rdzv`, with its own event log. `settle`: how long
+  // a membership round waits for more nodes once the minimum is there.
   std::vector<std::string> node_args(int node, const std::string& rdzv, const std::string& nnodes,
                                      const std::vector<std::string>& extra,
-                                     const std::vector<std::string>& worker_args) const {
+                                     const std::vector<std::string>& worker_args,
+                                     const std::string& settle = "0.5") const {
     std::vector<std::string> a = {"--nnodes",      nnodes, "--node-rank",    std::to_string(node),
                                   "--rdzv",        rdzv,   "--rdzv-timeout", "30",
-                                  "--rdzv-settle", "0.5"};
+                                  "--rdzv-settle", settle};
     a.insert(a.end(), extra.begin(), extra.end());
     a = args(a, worker_args);
     for (auto& x : a) {
@@ -379,9 +381,12 @@ TEST_F(LaunchFaultTest, ElasticJobExcludesAFailingNodeAndGoesOnWithFewer) {
   const std::vector<std::string> worker = {"--steps",      "30",          "--step-ms", "20",
                                            "--collective", "--fail-rank", "1"};
   const std::vector<std::string> flags = {"--max-restarts", "3", "--exclude-after", "1"};
-  Launcher n0(node_args(0, rdzv, "1:2", flags, worker), dir_ / "out0");
+  // Both nodes must be in the first generation: a round closes as soon as both are there, and
+  // waits up to 5 s for the second once the first has arrived (0.5 s was too short for node 1's
+  // launcher to start at load ~16, and node 0 then trained alone from the start).
+  Launcher n0(node_args(0, rdzv, "1:2", flags, worker, "5"), dir_ / "out0");
   std::this_thread::sleep_for(100ms);
-  Launcher n1(node_args(1, rdzv, "1:2", flags, worker), dir_ / "out1");
+  Launcher n1(node_args(1, rdzv, "1:2", flags, worker, "5"), dir_ / "out1");
   const Outcome r1 = n1.wait();
   const Outcome r0 = n0.wait();
   EXPECT_EQ(r1.code, 3) << r1.output;  // excluded: it leaves with its failure's code

@@ -7,17 +7,20 @@
 # survivors (--on-failure survivors: only the killed worker restarts, the other rolls back to the
 # agreed snapshot in its own process). Goodput = uninterrupted wall time / wall time with kills;
 # recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it).
-# Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10]   (after scripts/build.sh)
+# Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10] [max_kills=0: no cap]
+# (after scripts/build.sh). On a loaded machine, where a restart of every worker can take longer
+# than the period (the job then never gets past it), cap the kills to compare the cost per failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs="${1:-5}"
 period="${2:-1.5}"
 every="${3:-10}"
+max_kills="${4:-0}"
 dtrain="$(pwd)/${BUILD_DIR:-build}/dtrain"
 [[ -x "$dtrain" ]] || { echo "missing $dtrain: run scripts/build.sh first" >&2; exit 1; }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+trap "${KEEP_TMP:+:} rm -rf \"\$tmp\"" EXIT
 
 # run NAME SNAPSHOT_EVERY KILL(0|1) [ON_FAILURE]: prints "seconds kills accuracy lost_steps
 # recovery_s"
@@ -32,7 +35,7 @@ run() {
     --verbose 2 --checkpoint-dir "$dir/ckpt" --checkpoint-every 50 --resume > "$dir/log" 2>&1 &
   local launcher=$! kills=0
   if [[ $kills_on == 1 ]]; then
-    while kill -0 "$launcher" 2> /dev/null; do
+    while kill -0 "$launcher" 2> /dev/null && ((max_kills == 0 || kills < max_kills)); do
       sleep "$period"
       mapfile -t workers < <(pgrep -P "$launcher" || true)
       ((${#workers[@]} > 0)) || continue
@@ -47,7 +50,7 @@ run() {
     awk '{ s += $1 } END { print s + 0 }')
   local recovery
   recovery=$({ grep '"kind":"recovered"' "$dir/events.jsonl" || true; } |
-    grep -oE '"recovery_seconds":[0-9.e+-]+' | cut -d: -f2 |
+    { grep -oE '"recovery_seconds":[0-9.e+-]+' || true; } | cut -d: -f2 |
     awk '{ s += $1; n++ } END { if (n) printf "%.3f", s / n; else print "-" }')
   echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost $recovery"
 }
@@ -56,7 +59,8 @@ read -r t0 _ a0 _ _ < <(run clean 0 0)
 read -r td kd ad ld rd < <(run disk 0 1)
 read -r tm km am lm rm < <(run memory "$every" 1)
 read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s$(
+  ((max_kills > 0)) && echo ", at most $max_kills kills")"
 printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failure lost_steps \
   recovery_s accuracy
 printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "uninterrupted" "$t0" 0 "100.0%" - - - "$a0"

@@ -158,7 +158,14 @@ void GenerationSupervisor::monitor() {
   const auto now = Clock::now();
   const auto progress = this->progress();
   note_progress(progress, now);
-  parts_.recovery.observe(g_, parts_.rendezvous.client(), progress);
+  // Recovery ends at the first step past the resume of the workers started in this generation:
+  // a survivor's progress key may still hold its step from before the rollback.
+  std::map<std::string, std::string> fresh;
+  for (const auto& w : group_.workers()) {
+    const auto it = progress.find(progress_key(g_.number, w.rank));
+    if (w.generation == g_.number && it != progress.end()) fresh.insert(*it);
+  }
+  parts_.recovery.observe(g_, parts_.rendezvous.client(), fresh);
   std::map<std::string, milliseconds> ages;
   if (o_.heartbeat_timeout_s > 0) ages = parts_.rendezvous.client().heartbeat_ages();
   if (catch_hung_worker(ages, now) || !multi_node()) return;

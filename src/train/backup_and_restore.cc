@@ -16,6 +16,7 @@
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/preemption.h"
 #include "dtrain/train/sharded_checkpoints.h"
+#include "dtrain/train/step_observer.h"
 #include "dtrain/train/training.h"
 #include "fit_loop.h"
 #include "memory_snapshots.h"
@@ -216,6 +217,8 @@ bool BackupAndRestore::rejoin_after_failure() {
   resume_loop(ts);
   std::cerr << "BackupAndRestore: generation " << next.generation << " resumes at epoch "
             << state_->epoch + 1 << ", step " << state_->step << "\n";
+  // The launcher's progress for this worker goes back to the restored step.
+  notify_step(ts.optimizer->iterations());
   report_resume_to_launcher(next.restore, ts.optimizer->iterations(), next.generation);
   return true;
 }

@@ -11,8 +11,9 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_gpt import GPT
 
 corpus, steps, context, layers, d, heads, batch = sys.argv[1:8]
 threads = int(sys.argv[8]) if len(sys.argv) > 8 else 1
@@ -26,42 +27,7 @@ index = {c: i for i, c in enumerate(vocab)}
 ids = torch.tensor([index[c] for c in text], dtype=torch.long)
 n_windows = (len(ids) - 1) // context
 
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d, eps=1e-5)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.ln2 = nn.LayerNorm(d, eps=1e-5)
-        self.up = nn.Linear(d, 4 * d)
-        self.down = nn.Linear(4 * d, d)
-
-    def forward(self, x, mask):
-        a = self.ln1(x)
-        h, _ = self.attn(a, a, a, attn_mask=mask, need_weights=False)
-        x = x + h
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = nn.Embedding(len(vocab), d)
-        self.pos = nn.Embedding(context, d)
-        self.blocks = nn.ModuleList([Block() for _ in range(layers)])
-        self.ln_f = nn.LayerNorm(d, eps=1e-5)
-        self.head = nn.Linear(d, len(vocab))
-
-    def forward(self, x):
-        t = x.shape[1]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
-        h = self.tok(x) + self.pos.weight[:t]
-        for b in self.blocks:
-            h = b(h, mask)
-        return self.head(self.ln_f(h))
-
-
-model = GPT()
+model = GPT(len(vocab), context, layers, d, heads)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.004, eps=1e-7)
 g = torch.Generator().manual_seed(1)
 times = []

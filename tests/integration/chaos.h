@@ -1,16 +1,21 @@
-// Helpers of the chaos tests: the workers a launcher has running, and a loop that SIGKILLs a
-// random one of them at random moments until enough kills have landed or the job ends.
+// Helpers of the tests that kill a launcher's workers: the workers it has running, its event log,
+// and a loop that SIGKILLs a random worker at random moments until enough kills have landed or
+// the job ends.
 #pragma once
 
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -18,13 +23,15 @@
 
 namespace dtrain::testing {
 
-// Pids of the direct children of `parent` that are not zombies.
+// Pids of the direct children of `parent` that are not zombies, in increasing order. Processes
+// that end while /proc is read are skipped.
 inline std::vector<pid_t> children(pid_t parent) {
   std::vector<pid_t> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_file((e.path() / "stat").string());
+    const std::string stat = read_file((e.path() / "stat").string());  // "" once it has ended
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 2));
@@ -32,6 +39,27 @@ inline std::vector<pid_t> children(pid_t parent) {
     pid_t ppid = 0;
     rest >> state >> ppid;
     if (ppid == parent && state != 'Z') out.push_back(std::stoi(name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The launcher's JSON-lines event log (--event-log), and the events of one kind.
+inline std::vector<nlohmann::json> events(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+inline std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& all,
+                                           const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  for (const auto& e : all) {
+    if (e.value("kind", "") == kind) out.push_back(e);
   }
   return out;
 }

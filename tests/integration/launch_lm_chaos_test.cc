@@ -7,6 +7,7 @@
 // must be bitwise equal to an uninterrupted run's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 
@@ -20,7 +21,7 @@ namespace ck = dtrain::checkpoint;
 const std::string kDtrain = DTRAIN_BINARY;
 
 // About 6,000 characters of lower-case words and punctuation: 337 training windows of 16 + 1
-// characters, 21 steps an epoch at the global batch of 16.
+// characters, 21 steps an epoch at the global batch of 16 (150 epochs: 3,150 steps).
 void write_corpus(const std::string& path) {
   const std::vector<std::string> words = {"the",   "fault", "tolerant", "model", "trains",
                                           "on",    "every", "worker",   "and",   "never",
@@ -69,7 +70,7 @@ std::vector<std::string> job(const std::string& dir, const std::string& save, bo
                                 "--strategy",
                                 "multi-worker",
                                 "--epochs",
-                                "30",
+                                "150",
                                 "--batch-size",
                                 "16",
                                 "--seed",
@@ -87,28 +88,36 @@ std::vector<std::string> job(const std::string& dir, const std::string& save, bo
 TEST(LaunchLmChaos, TwentyWorkerKillsResumeToTheSameBits) {
   const std::string dir = make_temp_dir();
   write_corpus(dir + "/corpus.txt");
+  const auto start = std::chrono::steady_clock::now();
   Process ref = spawn(job(dir, dir + "/ref.keras", false), {}, dir + "/ref.log");
-  ASSERT_EQ(wait_for(ref, std::chrono::steady_clock::now() + std::chrono::seconds(150)), 0)
-      << log_tail(read_file(ref.log));
+  ASSERT_EQ(wait_for(ref, start + std::chrono::seconds(150)), 0) << log_tail(read_file(ref.log));
+  const double ref_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   const ck::KerasV3Contents want = ck::read_keras_v3(dir + "/ref.keras");
   ASSERT_FALSE(want.vars.empty());
 
   Process p = spawn(job(dir, dir + "/chaos.keras", true), {}, dir + "/chaos.log");
-  // 0.2 s to 1 s between kills: most let the restarted generation train a few steps (a restart
-  // of `dtrain fit` takes a few tenths of a second), some land during a restart.
+  // Between kills, 2-5% of an uninterrupted run (a kill that often lands while the previous
+  // one's restart is under way) or 6-12% (the restarted workers train a while first): the 20
+  // kills take about 1.25 runs, and each restart adds a process start-up (a few tenths of a
+  // second, about a tenth of a run) to the job, so all 20 land before it ends. They hit
+  // mid-step, mid-all-reduce, mid-snapshot and mid-restart.
   const KillResult r =
       kill_random_workers(p, {.max_kills = 20,
                               .delay =
-                                  [](std::mt19937& rng) {
+                                  [ref_ms](std::mt19937& rng) {
+                                    const bool longer = rng() % 2 == 0;
+                                    const double f = std::uniform_real_distribution<double>(
+                                        longer ? 0.06 : 0.02, longer ? 0.12 : 0.05)(rng);
                                     return std::chrono::milliseconds(
-                                        std::uniform_int_distribution<int>(200, 1000)(rng));
+                                        std::max<int64_t>(50, static_cast<int64_t>(f * ref_ms)));
                                   },
                               .seed = 1313});
   const int code = finish(p, r, std::chrono::seconds(200));
   const std::string log = read_file(dir + "/chaos.log");
   ASSERT_EQ(code, 0) << log_tail(log);
-  std::printf("%d worker kills\n", r.kills);
-  EXPECT_GE(r.kills, 1) << "the job finished before any kill";
+  std::printf("%d worker kills (an uninterrupted run: %.0f ms)\n", r.kills, ref_ms);
+  EXPECT_EQ(r.kills, 20) << "the job finished before 20 kills";
   // At least one generation resumed from a snapshot rather than from the start.
   EXPECT_NE(read_file(dir + "/events.jsonl").find("\"kind\":\"snapshot_restore\""),
             std::string::npos)

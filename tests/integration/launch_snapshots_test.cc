@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "distribute_process.h"
+#include "chaos.h"
 
 namespace dtrain::testing {
 namespace {
@@ -28,24 +28,6 @@ using Clock = std::chrono::steady_clock;
 const std::string kDtrain = DTRAIN_BINARY;
 const std::string kWorker = DTRAIN_FIT_WORKER;
 constexpr int kEpochs = 100;  // 12 steps each: 1200 steps
-
-// Pids of the live direct children of `parent`.
-std::vector<pid_t> children(pid_t parent) {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::string stat = read_file((e.path() / "stat").string());
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent && state != 'Z') out.push_back(std::stoi(name));
-  }
-  return out;
-}
 
 std::vector<std::string> worker(const std::string& out, const std::string& ckpt) {
   std::vector<std::string> a = {kWorker, "--mode",   "multi-worker",          "--out",
@@ -63,24 +45,6 @@ std::vector<std::string> launcher(std::vector<std::string> flags, const std::str
   a.push_back("--");
   a.insert(a.end(), command.begin(), command.end());
   return a;
-}
-
-std::vector<nlohmann::json> events(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
-
-std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& all, const std::string& k) {
-  std::vector<nlohmann::json> out;
-  for (const auto& e : all) {
-    if (e.value("kind", "") == k) out.push_back(e);
-  }
-  return out;
 }
 
 std::string tail(const std::string& s) { return s.substr(s.size() > 6000 ? s.size() - 6000 : 0); }

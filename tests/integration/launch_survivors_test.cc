@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "distribute_process.h"
+#include "chaos.h"
 
 namespace dtrain::testing {
 namespace {
@@ -28,32 +28,6 @@ using Clock = std::chrono::steady_clock;
 const std::string kDtrain = DTRAIN_BINARY;
 const std::string kWorker = DTRAIN_FIT_WORKER;
 constexpr int kEpochs = 80;  // 12 steps each: 960 steps
-
-// Pids of the live direct children of `parent`.
-std::vector<pid_t> children(pid_t parent) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::string stat;
-    try {
-      std::ifstream f(e.path() / "stat");
-      stat.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-    } catch (const std::exception&) {
-      continue;  // the process ended while it was read
-    }
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent && state != 'Z') out.push_back(std::stoi(name));
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 std::vector<std::string> worker(const std::string& out, bool backups) {
   std::vector<std::string> a = {kWorker,
@@ -81,24 +55,6 @@ std::vector<std::string> launcher(int workers, std::vector<std::string> flags,
   a.push_back("--");
   a.insert(a.end(), cmd.begin(), cmd.end());
   return a;
-}
-
-std::vector<nlohmann::json> events(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
-
-std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& all, const std::string& k) {
-  std::vector<nlohmann::json> out;
-  for (const auto& e : all) {
-    if (e.value("kind", "") == k) out.push_back(e);
-  }
-  return out;
 }
 
 std::string tail(const std::string& s) { return s.substr(s.size() > 8000 ? s.size() - 8000 : 0); }

@@ -9,36 +9,14 @@
 #include <thread>
 
 #include "dtrain/core/error.h"
+#include "testutil/ranks.h"
 
 namespace dtrain::distribute {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Runs fn(rank, collectives) on `size` threads sharing one store; rethrows the first failure.
-void run_ranks(int size, const std::function<void(int, Collectives&)>& fn,
-               CollectiveOptions base = {}) {
-  auto store = std::make_shared<InMemoryKeyValueStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(size);
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        CollectiveOptions o = base;
-        o.rank = r;
-        o.world_size = size;
-        auto c = Collectives::connect(store, o);
-        fn(r, *c);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
+using testutil::run_ranks;
 
 std::vector<float> rank_values(int rank, int64_t n) {
   std::vector<float> v(n);

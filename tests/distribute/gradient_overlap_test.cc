@@ -12,35 +12,14 @@
 #include <thread>
 
 #include "dtrain/core/error.h"
+#include "testutil/ranks.h"
 
 namespace dtrain::distribute {
 namespace {
 
 using namespace std::chrono_literals;
 
-void run_ranks(int size, const std::function<void(int, Collectives&)>& fn,
-               CollectiveOptions base = {}) {
-  auto store = std::make_shared<InMemoryKeyValueStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(size);
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        CollectiveOptions o = base;
-        o.rank = r;
-        o.world_size = size;
-        auto c = Collectives::connect(store, o);
-        fn(r, *c);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
+using testutil::run_ranks;
 
 // Values whose sums round differently in different orders: magnitudes spread over 2^±12.
 Tensor values(int rank, int64_t n, int salt) {

@@ -13,28 +13,14 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/optim/adam.h"
+#include "testutil/ranks.h"
 
 namespace dtrain::distribute {
 namespace {
 
+// Small buckets, so that the reductions span several.
 void run_ranks(int size, const std::function<void(int, Collectives&)>& fn) {
-  auto store = std::make_shared<InMemoryKeyValueStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(size);
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto c = Collectives::connect(store, {.rank = r, .world_size = size, .bucket_bytes = 4096});
-        fn(r, *c);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  testutil::run_ranks(size, fn, {.bucket_bytes = 4096});
 }
 
 Tensor values(const Shape& shape, int rank, int salt) {

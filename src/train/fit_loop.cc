@@ -266,7 +266,9 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
 }
 
 void FitLoop::before_checkpoint() {
-  if (step_begun_) step_->before_checkpoint();
+  // No step between a survivor's rejoin (which drops the failed generation's step) and the next
+  // step's begin(): nothing is sharded then.
+  if (step_ && step_begun_) step_->before_checkpoint();
 }
 
 bool FitLoop::rejoin_after_failure() {

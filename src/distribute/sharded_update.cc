@@ -31,12 +31,6 @@ ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
       rank_(collectives.rank()) {
   DTRAIN_CHECK(stage == 1 || stage == 2, "shard_optimizer_state: stage ", stage,
                " is not supported (1 or 2; 0 turns sharding off)");
-  if (optimizer.clipping().by_norm()) {
-    throw FailedPreconditionError(
-        str_cat("shard_optimizer_state ", stage, ": ", optimizer.name(),
-                " clips by norm (clipnorm or global_clipnorm), which needs every row of the "
-                "gradients on one worker; use clipvalue or train without sharded optimizer state"));
-  }
   std::vector<Shape> shapes;
   std::vector<Tensor> all;
   for (Variable* v : vars_) {
@@ -102,6 +96,22 @@ ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
   }
   local_.resize(partition_.shard_elements(rank_));
   flat_.resize(partition_.total_elements);
+  if (optimizer.clipping().by_norm()) {
+    // Stage 2's row sums of squares, gathered in rank order: shards are consecutive rows, so that
+    // is every variable's rows in order (row_variable_: whose row each one is).
+    for (int k = 0; k < n; ++k) {
+      size_t rows = 0;
+      for (const RowSlice& s : partition_.shards[k]) {
+        rows += static_cast<size_t>(s.row_end - s.row_begin);
+        if (k == rank_) local_rows_.resize(local_rows_.size() + (s.row_end - s.row_begin));
+        row_variable_.insert(row_variable_.end(), s.row_end - s.row_begin, s.variable);
+      }
+      row_bytes_.push_back(rows * sizeof(double));
+    }
+    all_rows_.resize(row_variable_.size());
+    squared_norms_.resize(vars_.size());
+    clip_scales_.resize(shard_ptrs_.size());
+  }
   shard_slots();
 }
 
@@ -201,9 +211,50 @@ bool ShardedOptimizerUpdate::all_finite() {
   return collectives_.all_reduce_scalar(bad, ReduceOp::kSum) == 0;
 }
 
+// Clipping by norm needs every variable's norm, summed as Optimizer::squared_norm sums it over
+// the whole summed gradient: each row in element order, then the rows in order. Stage 1 holds the
+// whole sum on every worker; in stage 2 each worker sums its own rows and the row sums are
+// all-gathered (a copy, so every worker adds the same doubles in the same order).
+void ShardedOptimizerUpdate::compute_clip_scales() {
+  using optim::Optimizer;
+  const optim::GradientClipping& clipping = optimizer_.clipping();
+  if (stage_ == 1) {
+    for (size_t v = 0; v < vars_.size(); ++v) {
+      squared_norms_[v] = Optimizer::squared_norm(full_grads_[v]);
+    }
+  } else {
+    size_t at = 0;
+    const std::vector<RowSlice>& mine = partition_.shards[rank_];
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const int64_t rows = mine[i].row_end - mine[i].row_begin;
+      const int64_t row = rows == 0 ? 0 : shard_grads_[i].num_elements() / rows;
+      const float* g = shard_grads_[i].data<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        local_rows_[at++] = Optimizer::row_sum_of_squares(g + r * row, row);
+      }
+    }
+    collectives_.all_gather_v(local_rows_.data(), all_rows_.data(), row_bytes_);
+    std::fill(squared_norms_.begin(), squared_norms_.end(), 0.0);
+    for (size_t r = 0; r < all_rows_.size(); ++r) squared_norms_[row_variable_[r]] += all_rows_[r];
+  }
+  const std::vector<RowSlice>& mine = partition_.shards[rank_];
+  if (clipping.clipnorm > 0.0) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      clip_scales_[i] =
+          Optimizer::clipnorm_scale(squared_norms_[mine[i].variable], clipping.clipnorm);
+    }
+    return;
+  }
+  double total = 0.0;
+  for (const double s : squared_norms_) total += s;
+  std::fill(clip_scales_.begin(), clip_scales_.end(),
+            Optimizer::global_clipnorm_scale(total, clipping.global_clipnorm));
+}
+
 void ShardedOptimizerUpdate::apply() {
+  if (optimizer_.clipping().by_norm()) compute_clip_scales();  // a collective in stage 2
   if (!shard_ptrs_.empty()) {
-    optimizer_.prepare_update(shard_grads_, shard_ptrs_);
+    optimizer_.prepare_update(shard_grads_, shard_ptrs_, clip_scales_);
     optimizer_.update_part(shard_grads_, shard_ptrs_, 0, 1);
   }
   optimizer_.finish_update();  // every worker counts the step, with or without rows

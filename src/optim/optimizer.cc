@@ -151,7 +151,11 @@ void Optimizer::drop_slots(std::span<Variable* const> vars) {
   }
 }
 
-void Optimizer::prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+void Optimizer::prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars,
+                               std::span<const float> clip_scales) {
+  DTRAIN_CHECK(clip_scales.empty() || clip_scales.size() == grads.size(), name_,
+               ".apply_gradients: ", clip_scales.size(), " clip scales for ", grads.size(),
+               " gradients");
   DTRAIN_CHECK(grads.size() == vars.size(), name_, ".apply_gradients: ", grads.size(),
                " gradients for ", vars.size(), " variables");
   bool any_gradient = false;
@@ -180,43 +184,58 @@ void Optimizer::prepare_update(std::span<const Tensor> grads, std::span<Variable
   }
   if (!all_built) build(vars);
   pending_ = StepContext{iterations(), learning_rate()};
-  if (clipping_.by_norm()) compute_clip_scales(grads);
+  if (!clip_scales.empty()) {
+    clip_scales_.assign(clip_scales.begin(), clip_scales.end());
+  } else if (clipping_.by_norm()) {
+    compute_clip_scales(grads);
+  }
 }
 
-namespace {
-
-// Σ x² in double, in element order.
-double sum_of_squares(const Tensor& g) {
-  const float* p = g.data<float>();
-  const int64_t n = g.num_elements();
+double Optimizer::row_sum_of_squares(const float* p, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
   return s;
 }
 
-}  // namespace
+double Optimizer::squared_norm(const Tensor& g) {
+  const float* p = g.data<float>();
+  const int64_t n = g.num_elements();
+  const int64_t rows = g.shape().rank() == 0 ? 1 : g.shape()[0];
+  if (rows <= 0 || n == 0) return 0.0;
+  const int64_t row = n / rows;
+  double s = 0.0;
+  for (int64_t r = 0; r < rows; ++r) s += row_sum_of_squares(p + r * row, row);
+  return s;
+}
+
+float Optimizer::clipnorm_scale(double squared, double clipnorm) {
+  const double norm = std::sqrt(squared);
+  // tf.clip_by_norm: g·c / max(‖g‖, c); a NaN norm propagates.
+  return static_cast<float>(std::isnan(norm) ? norm : clipnorm / std::max(norm, clipnorm));
+}
+
+float Optimizer::global_clipnorm_scale(double total, double global_clipnorm) {
+  const double norm = std::sqrt(total);
+  const double c = global_clipnorm;
+  // tf.clip_by_global_norm: scale = c·min(1/N, 1/c), plus (N − N) so an infinite N gives NaN.
+  return static_cast<float>(c * std::min(1.0 / norm, 1.0 / c) + (norm - norm));
+}
 
 void Optimizer::compute_clip_scales(std::span<const Tensor> grads) {
   clip_scales_.assign(grads.size(), 1.0f);  // keeps its capacity: no allocation after the first
   if (clipping_.clipnorm > 0.0) {
-    const double c = clipping_.clipnorm;
     for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      const double norm = std::sqrt(sum_of_squares(grads[i]));
-      // tf.clip_by_norm: g·c / max(‖g‖, c); a NaN norm propagates.
-      clip_scales_[i] = static_cast<float>(std::isnan(norm) ? norm : c / std::max(norm, c));
+      if (grads[i].defined())
+        clip_scales_[i] = clipnorm_scale(squared_norm(grads[i]), clipping_.clipnorm);
     }
     return;
   }
   double total = 0.0;
   for (const Tensor& g : grads) {
-    if (g.defined()) total += sum_of_squares(g);
+    if (g.defined()) total += squared_norm(g);
   }
-  const double norm = std::sqrt(total);
-  const double c = clipping_.global_clipnorm;
-  // tf.clip_by_global_norm: scale = c·min(1/N, 1/c), plus (N − N) so an infinite N gives NaN.
-  const auto scale = static_cast<float>(c * std::min(1.0 / norm, 1.0 / c) + (norm - norm));
-  std::fill(clip_scales_.begin(), clip_scales_.end(), scale);
+  std::fill(clip_scales_.begin(), clip_scales_.end(),
+            global_clipnorm_scale(total, clipping_.global_clipnorm));
 }
 
 std::pair<int64_t, int64_t> Optimizer::element_range(int64_t n, int part, int parts) {

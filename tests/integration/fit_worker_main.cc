@@ -7,6 +7,7 @@
 //              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
 //              [--sharded-checkpoints 1] [--exit-at-epoch E] [--report-progress 1]
 //              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
+//              [--clipnorm C | --global-clipnorm C]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
@@ -113,8 +114,9 @@ struct Backup {
   int64_t batch_size = 32;          // --batch-size: the global batch
   size_t overlap_bucket_bytes = 0;  // 0: the all-reduce after backward
   bool cnn = false;
-  int shard = 0;         // --shard-optimizer-state: ZeRO stage
-  bool sharded = false;  // --sharded-checkpoints 1
+  int shard = 0;                             // --shard-optimizer-state: ZeRO stage
+  double clipnorm = 0, global_clipnorm = 0;  // Adam's clipping by norm (0: none)
+  bool sharded = false;                      // --sharded-checkpoints 1
   int64_t exit_at_epoch = -1;
   bool dataset_input = false;  // --input dataset
   std::string rows_out;        // --rows-out
@@ -189,10 +191,12 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     owned = std::move(seq);
   }
   nn::Model& model = *owned;
-  model.compile(
-      {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
-       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
-       .metrics = {"accuracy"}});
+  model.compile({.optimizer = std::make_shared<optim::Adam>(
+                     optim::AdamOptions{.learning_rate = 0.01,
+                                        .clipnorm = backup.clipnorm,
+                                        .global_clipnorm = backup.global_clipnorm}),
+                 .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
+                 .metrics = {"accuracy"}});
   std::vector<std::shared_ptr<train::Callback>> callbacks;
   if (backup.step_delay_us > 0) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(
@@ -302,6 +306,10 @@ int main(int argc, char** argv) {
       backup.shard = std::atoi(v.c_str());
     else if (k == "--arch")
       backup.cnn = v == "cnn";
+    else if (k == "--clipnorm")
+      backup.clipnorm = std::atof(v.c_str());
+    else if (k == "--global-clipnorm")
+      backup.global_clipnorm = std::atof(v.c_str());
     else if (k == "--batch-size")
       backup.batch_size = std::atoll(v.c_str());
     else if (k == "--sharded-checkpoints")

@@ -1,6 +1,7 @@
 // MultiWorkerMirroredStrategy with sharded optimizer state (ZeRO stages 1 and 2), real processes
 // and Gloo on loopback: the final model and optimizer variables are bitwise those of the
-// replicated run for 1, 2 and 3 workers, the MLP and the CNN; each worker's optimizer slots
+// replicated run for 1, 2 and 3 workers, the MLP and the CNN, with and without clipping by norm
+// (the norms of sharded gradients); each worker's optimizer slots
 // (and, with stage 2, summed gradients) are its partition_rows share, about 1/N; fit's backups
 // of sharded state resume bitwise.
 #include <gtest/gtest.h>
@@ -129,10 +130,19 @@ INSTANTIATE_TEST_SUITE_P(
                       // The third worker has no rows in each epoch's last step.
                       Case{3, "mlp", {"--batch-size", "191", "--epochs", "3"}, 195, 16},
                       Case{2, "cnn", {"--epochs", "1"}, 363, 16},
-                      Case{3, "cnn", {"--epochs", "1"}, 363, 16}),
+                      Case{3, "cnn", {"--epochs", "1"}, 363, 16},
+                      // Small enough bounds that every step clips.
+                      Case{2, "mlp", {"--global-clipnorm", "0.05"}, 195, 16},
+                      Case{3, "mlp", {"--global-clipnorm", "0.05"}, 195, 16},
+                      Case{3, "cnn", {"--epochs", "1", "--clipnorm", "0.02"}, 363, 16}),
     [](const auto& info) {
-      return info.param.arch + std::to_string(info.param.workers) + "workers" +
-             (info.param.flags.size() > 2 ? "Batch191" : "");
+      std::string suffix;
+      for (size_t i = 0; i + 1 < info.param.flags.size(); i += 2) {
+        if (info.param.flags[i] == "--batch-size") suffix += "Batch191";
+        if (info.param.flags[i] == "--global-clipnorm") suffix += "GlobalClipnorm";
+        if (info.param.flags[i] == "--clipnorm") suffix += "Clipnorm";
+      }
+      return info.param.arch + std::to_string(info.param.workers) + "workers" + suffix;
     });
 
 // fit's backups under ZeRO: every worker gathers the slots at a backup step, so the backup is an

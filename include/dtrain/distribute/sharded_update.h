@@ -9,6 +9,8 @@
 // then the updated rows are all-gathered, so every worker holds every variable again. Every
 // element is summed in the order of the unsharded all-reduce (Collectives::summation_order) and
 // every optimizer updates element-wise, so the variables are bitwise those of the unsharded step.
+// Clipping by norm (clipnorm, global_clipnorm) works too: each variable's norm is summed row by
+// row as the unsharded update sums it (stage 2 all-gathers its rows' sums: one double per row).
 //
 // Used from the thread that runs fit's step; nothing else may use the collectives meanwhile.
 #pragma once
@@ -35,8 +37,8 @@ class ShardedOptimizerUpdate {
   // with the gradients: the step's flags and moving statistics) are kept by reference. When
   // `optimizer` already holds slots for `vars` (restored from a checkpoint, an earlier fit), this
   // worker's rows are copied into its shard slots and the full slots are dropped. Throws
-  // InvalidArgumentError for a stage other than 1 or 2, FailedPreconditionError for clipping by
-  // norm (the norms need every row) and what Collectives::summation_order throws.
+  // InvalidArgumentError for a stage other than 1 or 2 and what Collectives::summation_order
+  // throws.
   ShardedOptimizerUpdate(Collectives& collectives, std::span<Variable* const> vars,
                          std::span<Tensor> extra, int stage, optim::Optimizer& optimizer);
   ~ShardedOptimizerUpdate();
@@ -66,7 +68,8 @@ class ShardedOptimizerUpdate {
   size_t gradient_bytes() const;
 
  private:
-  void shard_slots();  // full slots -> this worker's shard slots
+  void shard_slots();          // full slots -> this worker's shard slots
+  void compute_clip_scales();  // clipping by norm: clip_scales_ of this worker's shard variables
 
   Collectives& collectives_;
   std::vector<Variable*> vars_;
@@ -95,6 +98,13 @@ class ShardedOptimizerUpdate {
   std::vector<float> local_, flat_;  // all-gather buffers
   std::vector<size_t> shard_bytes_;  // per rank
   bool sharded_ = false;             // the optimizer holds shard slots (not full ones)
+  // Clipping by norm only: this worker's and every row's Σ g², each row's variable, bytes of row
+  // sums per rank, each variable's squared norm, each shard variable's scale.
+  std::vector<double> local_rows_, all_rows_;
+  std::vector<int> row_variable_;
+  std::vector<size_t> row_bytes_;
+  std::vector<double> squared_norms_;
+  std::vector<float> clip_scales_;
 };
 
 }  // namespace dtrain::distribute

@@ -43,8 +43,10 @@ struct OptimizerConfig {
 //   global_clipnorm: every g ← g·clip·min(1/N, 1/clip), N = √(Σ‖g‖²) over all the gradients of
 //                    the update (tf.clip_by_global_norm; a non-finite N gives NaN gradients);
 //   clipvalue:       g ← clip(g, −clipvalue, clipvalue) element-wise.
-// Norms are summed in double, variable by variable in order and element by element, so they do
-// not depend on how update_part splits the work.
+// Norms are summed in double: each row (slice of the first axis; a scalar is one row) element by
+// element, then the rows in order, then the variables in order (Optimizer::squared_norm). So they
+// do not depend on how update_part splits the work, and a worker holding whole rows of the summed
+// gradient computes the same partial sums (sharded optimizer state, distribute/sharded_update.h).
 struct GradientClipping {
   double clipnorm = 0.0;
   double clipvalue = 0.0;
@@ -80,13 +82,26 @@ class Optimizer {
   // With clipnorm or global_clipnorm (clipping().by_norm()), prepare_update also computes the
   // gradients' norms, so it must see the final (reduced) gradients: call it after the
   // all-reduce, not before (clipvalue and no clipping allow either).
-  void prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars);
+  // `clip_scales`, when given (one per gradient), replaces the scales clipping by norm would
+  // compute from `grads`: for an update of shards of the variables, whose norms need rows other
+  // workers hold (the caller computes them with the functions below).
+  void prepare_update(std::span<const Tensor> grads, std::span<Variable* const> vars,
+                      std::span<const float> clip_scales = {});
   void update_part(std::span<const Tensor> grads, std::span<Variable* const> vars, int part,
                    int parts);
   void finish_update();
   // Part `part` of `parts` of [0, n) as [first, second): contiguous, in order, covering [0, n),
   // with inner boundaries on multiples of 16 elements (64-byte cache lines of float32).
   static std::pair<int64_t, int64_t> element_range(int64_t n, int part, int parts);
+
+  // Clipping's sums (GradientClipping): Σ x² of `n` floats in double, in order (one row); the
+  // squared norm of a gradient as its rows' sums added in row order; and the scale that
+  // clipnorm gives a gradient of squared norm `squared`, and global_clipnorm every gradient when
+  // the squared norms add up (variable by variable, in order) to `total`.
+  static double row_sum_of_squares(const float* p, int64_t n);
+  static double squared_norm(const Tensor& g);
+  static float clipnorm_scale(double squared, double clipnorm);
+  static float global_clipnorm_scale(double total, double global_clipnorm);
 
   // Forgets the slots of `vars` (and frees them): for sharded optimizer state, whose shard
   // variables die before the optimizer (distribute/sharded_update.h). Variables without slots

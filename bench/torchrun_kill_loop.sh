@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# PyTorch's side of bench/kill_loop.sh: the same 2-worker Fashion-MNIST MLP job (batch 64 = 2 x
+# 32, Adam, one thread each) under `torchrun --standalone --nproc_per_node 2 --max_restarts 100
+# --monitor_interval 0.1` (the agent polls its workers every 0.1 s; the default is 5 s) with
+# torch.save checkpoints every EVERY steps (bench/torch_elastic_mlp.py), once uninterrupted and
+# once with one random worker SIGKILLed every P seconds. torchrun restarts every worker on any
+# failure; each restart resumes from the newest checkpoint. `--redirects 1 --tee 1` (workers'
+# stdout to files and the console) because Debian's torchrun (PyTorch 1.13 on Python 3.11) fails
+# on its default "0": iterating the Std flag enum no longer yields the zero member on 3.11.
+# Prints one line per run, as kill_loop.sh's run does: "seconds kills accuracy lost_steps -".
+# Usage: bench/torchrun_kill_loop.sh [epochs=5] [period_s=1.5] [every=50] [max_kills=0]
+# (Debian's /usr/bin/torchrun and python3-torch.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+epochs="${1:-5}"
+period="${2:-1.5}"
+every="${3:-50}"
+max_kills="${4:-0}"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+tmp=$(mktemp -d)
+trap "${KEEP_TMP:+:} rm -rf \"\$tmp\"" EXIT
+
+# run NAME KILL(0|1): "seconds kills accuracy lost_steps -"
+run() {
+  local name=$1 kills_on=$2 dir="$tmp/$1"
+  mkdir -p "$dir/ckpt"
+  local start end
+  start=$(date +%s.%N)
+  /usr/bin/torchrun --standalone --nproc_per_node 2 --max_restarts 100 --monitor_interval 0.1 \
+    --redirects 1 --tee 1 --log_dir "$dir/torchrun" bench/torch_elastic_mlp.py "$epochs" "$dir/ckpt" "$every" "$dir/progress" > "$dir/log" 2>&1 &
+  local agent=$! kills=0
+  if [[ $kills_on == 1 ]]; then
+    while kill -0 "$agent" 2> /dev/null && ((max_kills == 0 || kills < max_kills)); do
+      sleep "$period"
+      mapfile -t workers < <(pgrep -P "$agent" -f torch_elastic_mlp || true)
+      ((${#workers[@]} > 0)) || continue
+      kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
+    done
+  fi
+  wait "$agent"
+  end=$(date +%s.%N)
+  local acc lost
+  acc=$({ grep -oE 'test_accuracy [0-9.]+' "$dir/log" || true; } | tail -1 | awk '{ print $2 }')
+  # Each restart after the first start loses the steps between its resume point and the last
+  # step the killed group reached.
+  lost=$(awk '$1 == "at" { last = $2 } $1 == "resumed" { if (started) lost += last - $2; started = 1 }
+    END { print lost + 0 }' "$dir/progress")
+  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost -"
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  read -r t0 _ a0 _ _ < <(run clean 0)
+  read -r tk k ak lk _ < <(run kills 1)
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); kill every ${period} s"
+  printf '%-40s %8s %6s %9s %9s %10s %9s\n' mode wall_s kills goodput s/failure lost_steps accuracy
+  printf '%-40s %8.2f %6s %9s %9s %10s %9s\n' "torchrun uninterrupted" "$t0" 0 "100.0%" - - "$a0"
+  printf '%-40s %8.2f %6s %8.1f%% %9.3f %10s %9s\n' "torchrun (torch.save every $every)" "$tk" "$k" \
+    "$(echo "100 * $t0 / $tk" | bc -l)" "$(echo "($tk - $t0) / ($k + ($k == 0))" | bc -l)" "$lk" "$ak"
+fi

@@ -18,8 +18,9 @@
 // global batches and keeps its rows) instead of fit(x, y) (per-worker input).
 // --rows-out FILE (MLP): writes "epoch step hash" for every input row this worker's replicas
 // trained on, in order (a hash of the row's bytes).
-// --rows-log PREFIX (MLP): appends the same lines to PREFIX.g<generation>.r<rank> after every
-// step (after a first line "world W"), so that a killed process leaves what it trained on.
+// --rows-log PREFIX (MLP): appends "epoch step replica hash" lines (replica: the global replica
+// id) to PREFIX.g<generation>.r<rank> as each replica's forward pass sees the rows (after a
+// first line "world W"), so that a killed process leaves what it computed.
 // --logical-replicas L: MultiWorkerOptions::logical_replicas (exact over any number of workers).
 // --logdir D --profile-steps N: a TensorBoard callback writing every worker's step-time split and
 // memory every N steps (the chief writes D/profile/worker_<rank>).
@@ -82,14 +83,20 @@ class RowRecorder : public nn::Layer {
     if (!training) return x;
     const int64_t row_bytes = x.dim(0) == 0 ? 0 : static_cast<int64_t>(x.nbytes()) / x.dim(0);
     const auto* p = static_cast<const unsigned char*>(x.raw_data());
+    const int replica = current_replica_stream().replica;
     std::string mine;
     for (int64_t r = 0; r < x.dim(0); ++r) {
       uint64_t h = 1469598103934665603ull;  // FNV-1a
       for (int64_t b = 0; b < row_bytes; ++b) h = (h ^ p[r * row_bytes + b]) * 1099511628211ull;
-      mine += std::to_string(epoch) + " " + std::to_string(step) + " " + std::to_string(h) + "\n";
+      mine += std::to_string(epoch) + " " + std::to_string(step) + " " +
+              (log != nullptr ? std::to_string(replica) + " " : "") + std::to_string(h) + "\n";
     }
     std::lock_guard<std::mutex> lock(mu);
-    lines[{epoch, step, current_replica_stream().replica}] += mine;
+    if (log != nullptr) {
+      *log << mine << std::flush;  // before the step's collectives: a killed worker leaves it
+    } else {
+      lines[{epoch, step, replica}] += mine;
+    }
     return x;
   }
   std::string text() const {
@@ -98,6 +105,7 @@ class RowRecorder : public nn::Layer {
     return out;
   }
   int64_t epoch = 0, step = 0;
+  std::ofstream* log = nullptr;  // --rows-log: written at once, with the replica
   std::mutex mu;
   std::map<std::tuple<int64_t, int64_t, int>, std::string> lines;  // by epoch, step, replica
 };
@@ -237,17 +245,12 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     rows_log.open(backup.rows_log + ".g" + (gen ? gen : "0") + ".r" + (rank ? rank : "0"),
                   std::ios::app);
     rows_log << "world " << (world ? world : "1") << "\n" << std::flush;
+    recorder->log = &rows_log;
   }
   if (!backup.rows_out.empty() || !backup.rows_log.empty()) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(train::LambdaCallbackOptions{
         .on_epoch_begin = [&](int64_t epoch, const nn::Logs&) { recorder->epoch = epoch; },
-        .on_batch_begin = [&](int64_t step, const nn::Logs&) { recorder->step = step; },
-        .on_batch_end =
-            [&](int64_t, const nn::Logs&) {
-              if (!rows_log.is_open()) return;
-              rows_log << recorder->text() << std::flush;  // the step's rows, once it is done
-              recorder->lines.clear();
-            }}));
+        .on_batch_begin = [&](int64_t step, const nn::Logs&) { recorder->step = step; }}));
   }
   if (!backup.logdir.empty()) {
     callbacks.push_back(std::make_shared<train::TensorBoard>(

@@ -62,6 +62,7 @@ struct TrainFlags {
   bool overlap_gradients = false;  // multi-worker: all-reduce buckets during backward
   double bucket_cap_mb = 1.0;
   int shard_optimizer_state = 0;  // multi-worker ZeRO stage
+  int logical_replicas = 0;       // multi-worker: exact elastic reduction over L replicas
   std::string save;
   std::string logdir;
   int64_t profile_steps = 0;  // with --logdir: per-worker step-time split and memory every N steps
@@ -234,6 +235,10 @@ std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
         str_cat(f.overlap_gradients ? "--overlap-gradients" : "--shard-optimizer-state",
                 " applies to --strategy multi-worker, not '", f.strategy, "'"));
   }
+  if (f.logical_replicas > 0 && f.strategy != "multi-worker") {
+    throw InvalidArgumentError(
+        str_cat("--logical-replicas applies to --strategy multi-worker, not '", f.strategy, "'"));
+  }
   if (f.strategy == "mirrored") return std::make_unique<distribute::MirroredStrategy>(f.replicas);
   if (f.strategy == "parameter-server") {
     // Cluster from TF_CONFIG (chief, worker and ps tasks), e.g. under dtrain launch --ps N.
@@ -244,7 +249,8 @@ std::unique_ptr<distribute::Strategy> make_strategy(const TrainFlags& f) {
         .overlap_gradients = f.overlap_gradients,
         .overlap_bucket_bytes = static_cast<size_t>(f.bucket_cap_mb * (1 << 20)),
         .shard_optimizer_state = f.shard_optimizer_state,
-        .local_replicas = std::max(1, f.replicas)});
+        .local_replicas = std::max(1, f.replicas),
+        .logical_replicas = f.logical_replicas});
   }
   return nullptr;
 }
@@ -339,6 +345,12 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
   fit->add_option("--replicas", train_flags.replicas,
                   "Replica threads per process for mirrored/multi-worker (default: mirrored one "
                   "per core, multi-worker 1)")
+      ->check(int_at_least(1));
+  fit->add_option("--logical-replicas", train_flags.logical_replicas,
+                  "multi-worker: split every global batch into L fixed logical replicas, mapped "
+                  "onto whatever workers exist, with a reduction whose order does not depend on "
+                  "them: bitwise the same weights for any number of workers <= L, so an elastic "
+                  "job (dtrain launch --nnodes MIN:MAX) can shrink and grow exactly")
       ->check(int_at_least(1));
   fit->add_option("--verify-sync", train_flags.verify_sync,
                   "Every N steps, check that all workers hold bitwise-identical variables "

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "dtrain/core/build_info.h"
 #include "dtrain/core/error.h"
@@ -16,6 +17,7 @@
 #include "dtrain/distribute/gradient_overlap.h"
 #include "dtrain/distribute/rendezvous.h"
 #include "dtrain/distribute/sharded_update.h"
+#include "logical_replicas.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -116,15 +118,57 @@ void check_same_build(KeyValueStore& store, const std::string& run_id, const Col
   }
 }
 
+// Replica threads on this worker: its block of logical replicas, or options.local_replicas.
+int local_replica_count(const MultiWorkerOptions& options, const ClusterSpec& cluster) {
+  if (options.logical_replicas == 0) return options.local_replicas;
+  if (options.logical_replicas < 0) {
+    throw InvalidArgumentError(str_cat("MultiWorkerMirroredStrategy: logical_replicas is ",
+                                       options.logical_replicas, ", must be >= 1 (or 0: off)"));
+  }
+  const char* other = options.local_replicas != 1          ? "local_replicas"
+                      : options.overlap_gradients          ? "overlap_gradients"
+                      : options.shard_optimizer_state != 0 ? "shard_optimizer_state"
+                                                           : nullptr;
+  if (other != nullptr) {
+    throw InvalidArgumentError(str_cat("MultiWorkerMirroredStrategy: logical_replicas (",
+                                       options.logical_replicas, ") excludes ", other,
+                                       " (each worker runs its block of logical replicas)"));
+  }
+  if (cluster.num_workers > options.logical_replicas) {
+    throw InvalidArgumentError(
+        str_cat("MultiWorkerMirroredStrategy: ", cluster.num_workers, " workers (from ",
+                cluster.source, ") for logical_replicas ", options.logical_replicas,
+                "; every worker needs at least one logical replica (run at most ",
+                options.logical_replicas, " workers or raise logical_replicas)"));
+  }
+  const auto [b, e] = logical_block(options.logical_replicas, cluster.num_workers, cluster.rank);
+  return e - b;
+}
+
 }  // namespace
 
+std::string world_size_independent_key(const std::string& run_id) {
+  return str_cat("dtrain/", run_id, "/state/logical_replicas");
+}
+
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOptions& options)
-    : MirroredStrategy(options.local_replicas, {.blas_threads = options.blas_threads,
-                                                .report_tensorboard = options.report_tensorboard,
-                                                .logdir = options.logdir}),
-      cluster_(options.cluster ? *options.cluster : resolve_cluster()) {
+    : MultiWorkerMirroredStrategy(options, options.cluster ? *options.cluster : resolve_cluster()) {
+}
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOptions& options,
+                                                         ClusterSpec cluster)
+    : MirroredStrategy(local_replica_count(options, cluster),
+                       {.blas_threads = options.blas_threads,
+                        .report_tensorboard = options.report_tensorboard,
+                        .logdir = options.logdir}),
+      cluster_(std::move(cluster)) {
   DTRAIN_CHECK(options.local_replicas >= 1, "MultiWorkerMirroredStrategy: local_replicas is ",
                options.local_replicas, ", must be >= 1");
+  if (options.logical_replicas > 0) {
+    logical_replicas_ = options.logical_replicas;
+    first_logical_ = logical_block(logical_replicas_, cluster_.num_workers, cluster_.rank).first;
+    logical_ = std::make_unique<LogicalReplicaReduction>(logical_replicas_);
+  }
   if (!cluster_.is_worker()) {
     throw InvalidArgumentError(str_cat(
         "MultiWorkerMirroredStrategy: this task is \"", cluster_.task_type, "\" ",
@@ -183,6 +227,9 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const MultiWorkerOption
                       .generation = generation};
   collectives_ = Collectives::connect(store_, connect_options_);
   check_same_build(*store_, run_id, *collectives_, options.timeout);
+  if (logical_replicas_ > 0 && cluster_.rank == 0) {
+    store_->set(world_size_independent_key(run_id), std::to_string(logical_replicas_));
+  }
   DTRAIN_CHECK(!options.overlap_gradients || options.overlap_bucket_bytes > 0,
                "MultiWorkerMirroredStrategy: overlap_bucket_bytes must be positive");
   overlap_gradients_ = options.overlap_gradients;
@@ -211,6 +258,44 @@ void MultiWorkerMirroredStrategy::rejoin(int64_t generation) {
   check_same_build(*store_, connect_options_.run_id, *collectives_, connect_options_.timeout);
 }
 
+int MultiWorkerMirroredStrategy::num_replicas_in_sync() const {
+  return logical_replicas_ > 0 ? logical_replicas_ : Strategy::num_replicas_in_sync();
+}
+
+int MultiWorkerMirroredStrategy::replica_id(int local) const {
+  return logical_replicas_ > 0 ? first_logical_ + local : Strategy::replica_id(local);
+}
+
+void MultiWorkerMirroredStrategy::reduce_gradients(std::span<const std::vector<Tensor>> per_replica,
+                                                   std::span<Tensor> out, ReduceOp op,
+                                                   const ReduceGradientsOptions& options) {
+  if (logical_replicas_ == 0) {
+    Strategy::reduce_gradients(per_replica, out, op, options);
+    return;
+  }
+  for (size_t v = 0; v < out.size(); ++v) {
+    DTRAIN_CHECK(out[v].defined() &&
+                     (out[v].dtype() == DType::kFloat32 || out[v].dtype() == DType::kFloat64),
+                 name(), "::reduce_gradients: output ", v, " must be a defined float tensor");
+  }
+  const bool several = num_workers() > 1;
+  logical_->gather(several ? collectives_.get() : nullptr, per_replica, out);
+  if (several && !options.extra.empty()) collectives_->all_reduce(options.extra, ReduceOp::kSum);
+  const double scale = op == ReduceOp::kMean ? 1.0 / logical_replicas_ : 1.0;
+  const int n = num_local_replicas();
+  const LogicalReplicaReduction* reduction = logical_.get();
+  const auto* then = options.then;
+  auto part = [reduction, out, n, scale, then](int r) {
+    reduction->sum(out, r, n, scale);
+    if (then != nullptr) (*then)(r, n);
+  };
+  if (n == 1) {
+    part(0);
+  } else {
+    run(part);
+  }
+}
+
 void MultiWorkerMirroredStrategy::all_reduce_across_workers(std::span<Tensor> tensors,
                                                             ReduceOp op) {
   collectives_->all_reduce(tensors, op);
@@ -226,7 +311,10 @@ double MultiWorkerMirroredStrategy::all_reduce_scalar(double value, ReduceOp op)
 
 std::unique_ptr<OverlappedGradientReduction> MultiWorkerMirroredStrategy::make_overlapped_reduction(
     std::span<Tensor> out, std::span<Tensor> extra) {
-  if (!overlap_gradients_ || num_workers() == 1 || num_local_replicas() != 1) return nullptr;
+  if (!overlap_gradients_ || num_workers() == 1 || num_local_replicas() != 1 ||
+      logical_replicas_ > 0) {
+    return nullptr;
+  }
   return std::make_unique<OverlappedGradientReduction>(*collectives_, out, extra,
                                                        overlap_bucket_bytes_);
 }

@@ -21,6 +21,7 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "fault/launch_events.h"
 #include "fault/launch_util.h"
 #include "fault/worker_process.h"
@@ -304,6 +305,29 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
     }
     if (complete) agreed = *it;
   }
+  // Rank 0's newest snapshot of any world size, when newer than the complete set (a resized
+  // world has none), restored into every rank — what the backups on disk would give (every
+  // worker restores the chief's), from memory. With such state a step's snapshot is the same
+  // whichever world or timeline took it. Only for a job whose chief declared its state
+  // independent of the world size (MultiWorkerOptions::logical_replicas): then it is exact.
+  std::string source_key;  // empty: each rank its own key
+  const std::string independent[] = {distribute::world_size_independent_key(o_.run_id)};
+  const bool any_world_size = client.check(independent);
+  for (const auto& [node, held] : all) {
+    if (!any_world_size) break;
+    for (const auto& [key, steps] : held.steps) {
+      if (key.size() < 4 || key.compare(key.size() - 3, 3, "-r0") != 0) {
+        continue;
+      }
+      for (int64_t step : steps) {
+        if ((!agreed || step > *agreed) ||
+            (step == *agreed && !source_key.empty() && key < source_key)) {
+          agreed = step;
+          source_key = key;
+        }
+      }
+    }
+  }
   if (!agreed) {
     if (restart) {
       FaultEvent e = event_of(kEventSnapshotRestore, g.number);
@@ -320,7 +344,8 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
   // 4. This node's workers' copies: local, else fetched from a member that holds one.
   for (size_t i = 0; i < g.slots.size(); ++i) {
     const int rank = g.rank_offset + static_cast<int>(i);
-    const std::string key = rank_key(g.world_size, rank);
+    const std::string own = rank_key(g.world_size, rank);
+    const std::string key = source_key.empty() ? own : source_key;
     const std::vector<int64_t> local = local_steps(key);
     std::string prefix, source, kind;
     std::optional<int> from_node;
@@ -329,7 +354,7 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
       source = str_cat("local memory (node ", o_.node, ")");
       kind = "local_memory";
     } else {
-      const fs::path fetched = fs::path(dir_) / kFetched / key;
+      const fs::path fetched = fs::path(dir_) / kFetched / own;
       std::optional<SnapshotFiles> files;
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -373,15 +398,17 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
     e.checkpoint = fs::path(prefix).filename().string();
     e.extra["source"] = kind;
     if (from_node) e.extra["from_node"] = std::to_string(*from_node);
-    e.message = str_cat("rank ", rank, ": restored step ", *agreed, " from ", source);
+    if (!source_key.empty()) e.extra["snapshot_of"] = key;
+    e.message = str_cat("rank ", rank, ": restored step ", *agreed, " from ", source,
+                        source_key.empty() ? "" : str_cat(", the snapshot of ", key));
     say(e.message);
     recorder.record(e);
   }
 }
 
 std::vector<std::string> SnapshotKeeper::environment(int rank) const {
-  // The world size is part of the directory: a snapshot is only ever restored into a world of
-  // the size that took it.
+  // The world size is part of the directory: a world restores its own ranks' snapshots, or,
+  // when its size changed, rank 0's newest of another size (prepare()).
   std::vector<std::string> out;
   out.push_back(
       str_cat("DTRAIN_SNAPSHOT_DIR=", (fs::path(dir_) / rank_key(world_size_, rank)).string()));

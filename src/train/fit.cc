@@ -90,6 +90,16 @@ train::History Model::fit(const Tensor& x, const Tensor& y, const train::FitOpti
   DTRAIN_CHECK(x.defined() && y.defined() && x.rank() >= 1 && y.rank() >= 1 && x.dim(0) == y.dim(0),
                "fit: x and y must have the same number of examples, got ", x.shape().to_string(),
                " and ", y.shape().to_string());
+  if (const distribute::Strategy* st = training_ ? training_->strategy : nullptr;
+      st != nullptr && st->logical_replicas() > 0) {
+    const int64_t l = st->logical_replicas();
+    if (options.batch_size < l || options.batch_size % l != 0) {
+      throw InvalidArgumentError(str_cat("fit: batch_size ", options.batch_size,
+                                         " does not split into ", l,
+                                         " logical replicas of equal size (", st->name(),
+                                         " logical_replicas); use a multiple of ", l));
+    }
+  }
   std::optional<uint64_t> seed;
   if (options.shuffle) {
     seed = options.seed;

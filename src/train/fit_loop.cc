@@ -230,7 +230,8 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
   }
   DTRAIN_CHECK(step > 0 || out_of_data_, "fit: the training dataset is empty");
   try {
-    s_.all_reduce_metrics();
+    // Under logical replicas every worker already holds the whole batch's metrics.
+    if (s_.strategy == nullptr || s_.strategy->logical_replicas() == 0) s_.all_reduce_metrics();
   } catch (const Error&) {
     if (!rejoin_after_failure()) throw;
     next_epoch = resume_->epoch;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <iostream>
+#include <tuple>
 
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
@@ -93,7 +94,7 @@ class ReplicatedStep final : public TrainStep {
     const Tensor& x = batch[0];
     const Tensor& y = batch[1];
     const int local = st_.num_local_replicas();
-    const int parts = local * st_.num_workers();
+    const int parts = st_.num_replicas_in_sync();
     // Per-worker input: x and y hold this worker's rows, then comes the global row count.
     int64_t global = x.dim(0), first_row = 0;
     if (s_.per_worker_input) {
@@ -233,6 +234,11 @@ class ReplicatedStep final : public TrainStep {
       times.communication += lap(t);
     }
     if (!outcome.applied) return outcome;
+    if (st_.logical_replicas() > 0) {
+      update_metrics_by_logical_replica();
+      times.compute += lap(t);
+      return outcome;
+    }
     for (int r = 0; r < local; ++r) {
       const Replica& rep = replicas_[r];
       if (!rep.y_pred.defined()) continue;
@@ -249,6 +255,53 @@ class ReplicatedStep final : public TrainStep {
     Tensor x, y, y_pred;
     double loss = 0;
   };
+
+  // Logical replicas: every worker holds the metrics of the whole global batch, each logical
+  // replica's contribution added in logical order, so the partial sums (and a backup or snapshot
+  // of any rank) do not depend on the number of workers. Each local replica's contribution is
+  // taken alone (the metric reset, updated with its rows, read, put back), all-gathered (zeros
+  // for the logical replicas of other workers: adding them changes no bit) and added in order.
+  void update_metrics_by_logical_replica() {
+    const int num_logical = st_.logical_replicas();
+    std::vector<nn::Metric*> metrics = s_.all_metrics();
+    const int64_t m = static_cast<int64_t>(metrics.size());
+    if (!metric_parts_.defined() || metric_parts_.num_elements() != num_logical * m * 2) {
+      metric_parts_ = Tensor(DType::kFloat64, Shape{num_logical * m * 2});
+      metric_gathered_ = Tensor(DType::kFloat64, Shape{st_.num_workers(), num_logical * m * 2});
+    }
+    double* parts = metric_parts_.data<double>();
+    std::fill(parts, parts + metric_parts_.num_elements(), 0.0);
+    std::vector<std::pair<double, double>> saved;
+    for (nn::Metric* metric : metrics) saved.push_back(metric->state());
+    for (int r = 0; r < st_.num_local_replicas(); ++r) {
+      const Replica& rep = replicas_[r];
+      if (!rep.y_pred.defined()) continue;
+      double* at = parts + st_.replica_id(r) * m * 2;
+      s_.loss_tracker.reset_state();
+      s_.loss_tracker.update_state(rep.loss, static_cast<double>(rep.x.dim(0)));
+      for (int64_t i = 1; i < m; ++i) {
+        metrics[i]->reset_state();
+        metrics[i]->update_state(rep.y, rep.y_pred);
+      }
+      for (int64_t i = 0; i < m; ++i) std::tie(at[2 * i], at[2 * i + 1]) = metrics[i]->state();
+    }
+    st_.all_gather_across_workers(metric_parts_, metric_gathered_);
+    const double* all = metric_gathered_.data<double>();
+    const int64_t row = num_logical * m * 2;
+    for (int64_t i = 0; i < m; ++i) {
+      auto [total, count] = saved[i];
+      for (int l = 0; l < num_logical; ++l) {
+        double t = 0, c = 0;
+        for (int w = 0; w < st_.num_workers(); ++w) {
+          t += all[w * row + (l * m + i) * 2];
+          c += all[w * row + (l * m + i) * 2 + 1];
+        }
+        total += t;
+        count += c;
+      }
+      metrics[i]->set_state(total, count);
+    }
+  }
 
   // On replica thread r: forward, loss scaled by its share of the global batch, gradients.
   void compute(int r) {
@@ -288,6 +341,7 @@ class ReplicatedStep final : public TrainStep {
   StateUpdates state_updates_;
   std::vector<Tensor> extra_;  // flags_, then the state updates (sharing their buffers)
   int64_t global_ = 0;
+  Tensor metric_parts_, metric_gathered_;  // logical replicas' metric contributions
   std::function<void(int, int)> update_;
   // The overlapped all-reduce (null unless the strategy overlaps) and the tape's hook into it.
   std::unique_ptr<distribute::OverlappedGradientReduction> overlap_;

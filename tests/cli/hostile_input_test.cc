@@ -126,6 +126,26 @@ TEST_F(HostileInputTest, ReplicasWithAStrategyThatHasNoReplicaThreadsAreRefused)
   EXPECT_TRUE(contains(r.output, "'one'")) << r.output;
 }
 
+TEST_F(HostileInputTest, LogicalReplicaCountsThatDoNotFitAreRefused) {
+  expect_usage_error(run(fit_csv("--strategy multi-worker --logical-replicas 0")),
+                     "--logical-replicas", "0");
+  CommandResult r = run(fit_csv("--logical-replicas 2"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "--logical-replicas applies to --strategy multi-worker"))
+      << r.output;
+  r = run(fit_csv("--strategy multi-worker --logical-replicas 5 --batch-size 12"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "batch_size 12 does not split into 5 logical replicas"))
+      << r.output;
+  r = run(fit_csv("--strategy multi-worker --logical-replicas 2 --replicas 2"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "excludes local_replicas")) << r.output;
+  // A good count trains (one worker holds all 3 logical replicas).
+  r = run(fit_csv("--strategy multi-worker --logical-replicas 3 --batch-size 6"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "3 replicas in sync (1 workers x 3 local)")) << r.output;
+}
+
 TEST_F(HostileInputTest, AReplicaThreadThatCannotStartIsResourceExhaustedNotADeadlock) {
   // 1 GB stacks (glibc sizes thread stacks by RLIMIT_STACK) in a 6 GB address space: the replica
   // threads stop starting after a few, within the replica cap. The threads already started are

@@ -8,6 +8,7 @@
 //              [--sharded-checkpoints 1] [--exit-at-epoch E] [--report-progress 1]
 //              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
 //              [--clipnorm C | --global-clipnorm C]
+//              [--logical-replicas L] [--dropout 1] [--rows-log PREFIX]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
@@ -16,8 +17,12 @@
 // (fault::install_progress_reporter), as the dtrain binary does.
 // --input dataset: fit(dataset) on from_tensor_slices.shuffle.batch (every worker materialises the
 // global batches and keeps its rows) instead of fit(x, y) (per-worker input).
-// --rows-out FILE (MLP, one local replica): writes "epoch step hash" for every input row the
-// replica trained on, in order (a hash of the row's bytes).
+// --rows-out FILE (MLP): writes "epoch step hash" for every input row this worker's replicas
+// trained on, in order (a hash of the row's bytes).
+// --rows-log PREFIX (MLP): appends "epoch step replica hash" lines (replica: the global replica
+// id) to PREFIX.g<generation>.r<rank> as each replica's forward pass sees the rows (after a
+// first line "world W"), so that a killed process leaves what it computed.
+// --logical-replicas L: MultiWorkerOptions::logical_replicas (exact over any number of workers).
 // --logdir D --profile-steps N: a TensorBoard callback writing every worker's step-time split and
 // memory every N steps (the chief writes D/profile/worker_<rank>).
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
@@ -28,9 +33,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/mirrored_strategy.h"
@@ -65,7 +73,9 @@ class RowCounter : public nn::Layer {
 };
 
 // Identity layer that records a hash of every input row it sees in training, with the epoch and
-// step the callbacks last announced (one replica: rows come in the order trained on).
+// step the callbacks last announced. Under several replicas in sync each replica's rows are kept
+// apart (replica threads call it concurrently) and written in replica order, so a worker's lines
+// of a step are its rows of the global batch in order.
 class RowRecorder : public nn::Layer {
  public:
   RowRecorder() : nn::Layer("row_recorder") {}
@@ -74,15 +84,31 @@ class RowRecorder : public nn::Layer {
     if (!training) return x;
     const int64_t row_bytes = x.dim(0) == 0 ? 0 : static_cast<int64_t>(x.nbytes()) / x.dim(0);
     const auto* p = static_cast<const unsigned char*>(x.raw_data());
+    const int replica = current_replica_stream().replica;
+    std::string mine;
     for (int64_t r = 0; r < x.dim(0); ++r) {
       uint64_t h = 1469598103934665603ull;  // FNV-1a
       for (int64_t b = 0; b < row_bytes; ++b) h = (h ^ p[r * row_bytes + b]) * 1099511628211ull;
-      lines += std::to_string(epoch) + " " + std::to_string(step) + " " + std::to_string(h) + "\n";
+      mine += std::to_string(epoch) + " " + std::to_string(step) + " " +
+              (log != nullptr ? std::to_string(replica) + " " : "") + std::to_string(h) + "\n";
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (log != nullptr) {
+      *log << mine << std::flush;  // before the step's collectives: a killed worker leaves it
+    } else {
+      lines[{epoch, step, replica}] += mine;
     }
     return x;
   }
+  std::string text() const {
+    std::string out;
+    for (const auto& [key, l] : lines) out += l;
+    return out;
+  }
   int64_t epoch = 0, step = 0;
-  std::string lines;
+  std::ofstream* log = nullptr;  // --rows-log: written at once, with the replica
+  std::mutex mu;
+  std::map<std::tuple<int64_t, int64_t, int>, std::string> lines;  // by epoch, step, replica
 };
 
 constexpr int64_t kExamples = 384, kFeatures = 8;
@@ -122,6 +148,9 @@ struct Backup {
   std::string rows_out;        // --rows-out
   std::string logdir;          // --logdir
   int64_t profile_steps = 0;   // --profile-steps
+  int logical_replicas = 0;    // --logical-replicas
+  std::string rows_log;        // --rows-log
+  bool dropout = false;        // --dropout 1: Dropout(0.25, seeded) after the hidden layer
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -134,7 +163,8 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
         distribute::MultiWorkerOptions{.overlap_gradients = backup.overlap_bucket_bytes > 0,
                                        .overlap_bucket_bytes = backup.overlap_bucket_bytes,
                                        .shard_optimizer_state = backup.shard,
-                                       .local_replicas = replicas});
+                                       .local_replicas = replicas,
+                                       .logical_replicas = backup.logical_replicas});
   } else if (mode != "single") {
     throw InvalidArgumentError("unknown --mode " + mode);
   }
@@ -180,12 +210,13 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
       seq->add_layer(nn::Dense(16, {.use_bias = false, .input_shape = Shape{kFeatures}}));
       seq->add_layer(nn::BatchNormalization({.synchronized = true}));
       seq->add_layer(nn::Activation("relu"));
-    } else if (!backup.rows_out.empty()) {
+    } else if (!backup.rows_out.empty() || !backup.rows_log.empty()) {
       seq->add_layer(nn::LayerRef(recorder));
       seq->add_layer(nn::Dense(16, {.activation = "relu"}));
     } else {
       seq->add_layer(nn::Dense(16, {.activation = "relu", .input_shape = Shape{kFeatures}}));
     }
+    if (backup.dropout) seq->add_layer(nn::Dropout(0.25f, {.seed = 3}));
     seq->add_layer(nn::LayerRef(counter));
     seq->add_layer(nn::Dense(3));
     owned = std::move(seq);
@@ -210,7 +241,17 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
           std::this_thread::sleep_for(std::chrono::microseconds(backup.step_delay_us));
         }}));
   }
-  if (!backup.rows_out.empty()) {
+  std::ofstream rows_log;
+  if (!backup.rows_log.empty()) {
+    const char* gen = std::getenv("DTRAIN_RDZV_GENERATION");
+    const char* rank = std::getenv("DTRAIN_RANK");
+    const char* world = std::getenv("DTRAIN_WORLD_SIZE");
+    rows_log.open(backup.rows_log + ".g" + (gen ? gen : "0") + ".r" + (rank ? rank : "0"),
+                  std::ios::app);
+    rows_log << "world " << (world ? world : "1") << "\n" << std::flush;
+    recorder->log = &rows_log;
+  }
+  if (!backup.rows_out.empty() || !backup.rows_log.empty()) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(train::LambdaCallbackOptions{
         .on_epoch_begin = [&](int64_t epoch, const nn::Logs&) { recorder->epoch = epoch; },
         .on_batch_begin = [&](int64_t step, const nn::Logs&) { recorder->step = step; }}));
@@ -246,7 +287,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   if (!backup.rows_out.empty()) {
     std::string path = backup.rows_out;
     if (const char* rank = std::getenv("DTRAIN_RANK")) path += std::string(".rank") + rank;
-    std::ofstream(path) << recorder->lines;
+    std::ofstream(path) << recorder->text();
   }
   // Under dtrain launch every worker writes its own file.
   if (const char* rank = std::getenv("DTRAIN_RANK")) out += std::string(".rank") + rank;
@@ -324,6 +365,12 @@ int main(int argc, char** argv) {
       backup.profile_steps = std::atoll(v.c_str());
     else if (k == "--exit-at-epoch")
       backup.exit_at_epoch = std::atoll(v.c_str());
+    else if (k == "--logical-replicas")
+      backup.logical_replicas = std::atoi(v.c_str());
+    else if (k == "--rows-log")
+      backup.rows_log = v;
+    else if (k == "--dropout")
+      backup.dropout = v == "1";
     else if (k == "--report-progress")
       report_progress = v == "1";
     else {

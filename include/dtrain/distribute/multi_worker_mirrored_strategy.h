@@ -25,6 +25,7 @@
 namespace dtrain::distribute {
 
 class CoordinationServer;
+class LogicalReplicaReduction;
 
 struct MultiWorkerOptions {
   std::optional<ClusterSpec> cluster = std::nullopt;  // default: resolve_cluster()
@@ -44,7 +45,17 @@ struct MultiWorkerOptions {
   // each worker keeps only its rows' sums. Bitwise the same variables (sharded_update.h). With
   // one local replica; not with fit's checkpoints (save_checkpoints) yet.
   int shard_optimizer_state = 0;
-  int local_replicas = 1;   // replica threads per worker (TF on CPU: 1)
+  int local_replicas = 1;  // replica threads per worker (TF on CPU: 1)
+  // Exact elastic training: when > 0, the global batch is split into this many fixed logical
+  // replicas (num_replicas_in_sync()), mapped onto the workers in contiguous blocks (worker w
+  // runs its block as replica threads; the first L % W workers take one more), and the
+  // gradients of the L logical replicas are all-gathered and summed in logical order 0..L-1, so
+  // the variables are bitwise the same for any number of workers W <= L (and equal to
+  // MirroredStrategy(L) in one process). Dropout streams and loss scaling follow the logical
+  // replica. Costs an all-gather of L gradient lists instead of an all-reduce of one
+  // (docs/distributed.md). Excludes local_replicas != 1, overlap_gradients and
+  // shard_optimizer_state. 0: off.
+  int logical_replicas = 0;
   int blas_threads = -1;    // as MirroredOptions::blas_threads; -1: leave alone
   std::string host = "";    // address collectives bind; default: the cluster's host for this task
   std::string run_id = "";  // default: the cluster's, else "default"
@@ -52,6 +63,11 @@ struct MultiWorkerOptions {
   bool report_tensorboard = false;  // the tutorial's option: fit() writes TensorBoard files
   std::string logdir = "logs";      // where (chief only), with recovery reports
 };
+
+// The rendezvous key under which the chief of a job with logical replicas publishes their
+// count: its state (snapshots, backups) does not depend on the world size, so dtrain launch may
+// restore a snapshot taken at another world size into a resized job (fault/snapshots.h).
+std::string world_size_independent_key(const std::string& run_id);
 
 class MultiWorkerMirroredStrategy final : public MirroredStrategy {
  public:
@@ -62,7 +78,9 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   // rendezvous store or a peer cannot be reached; FailedPreconditionError when no rendezvous is
   // configured and the cluster has no chief address to serve one on, or when workers run
   // different builds or flush-denormals settings (core/build_info.h: naming both ranks and both
-  // fingerprints; every worker refuses).
+  // fingerprints; every worker refuses). With logical_replicas: InvalidArgumentError for a
+  // negative count, more workers than logical replicas, or local_replicas, overlap_gradients or
+  // shard_optimizer_state set with it.
   explicit MultiWorkerMirroredStrategy(const MultiWorkerOptions& options = {});
   ~MultiWorkerMirroredStrategy() override;
 
@@ -72,6 +90,14 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   // TF's rule: the chief task, else worker 0 (always rank 0 here).
   bool is_chief() const override { return cluster_.rank == 0; }
 
+  int num_replicas_in_sync() const override;
+  int replica_id(int local) const override;
+  int logical_replicas() const override { return logical_replicas_; }
+  using Strategy::reduce_gradients;
+  // With logical replicas: the exact reduction (logical_replicas.h); `extra` is all-reduced
+  // as usual. Otherwise Strategy's.
+  void reduce_gradients(std::span<const std::vector<Tensor>> per_replica, std::span<Tensor> out,
+                        ReduceOp op, const ReduceGradientsOptions& options) override;
   void all_reduce_across_workers(std::span<Tensor> tensors, ReduceOp op) override;
   void broadcast_from_chief(std::span<Tensor> tensors) override;
   double all_reduce_scalar(double value, ReduceOp op) override;
@@ -95,6 +121,8 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   Collectives& collectives() { return *collectives_; }
 
  private:
+  MultiWorkerMirroredStrategy(const MultiWorkerOptions& options, ClusterSpec cluster);
+
   ClusterSpec cluster_;
   std::unique_ptr<CoordinationServer> server_;  // rank 0, when it serves the rendezvous
   std::shared_ptr<KeyValueStore> store_;
@@ -103,6 +131,9 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
   bool overlap_gradients_ = false;
   size_t overlap_bucket_bytes_ = 0;
   int shard_optimizer_state_ = 0;
+  int logical_replicas_ = 0;  // 0: off
+  int first_logical_ = 0;     // this worker's first logical replica
+  std::unique_ptr<LogicalReplicaReduction> logical_;
 };
 
 }  // namespace dtrain::distribute

@@ -44,14 +44,18 @@ class Strategy {
   virtual std::string name() const = 0;
   // Replicas computed by this process (threads), and in the whole job.
   virtual int num_local_replicas() const = 0;
-  int num_replicas_in_sync() const { return num_local_replicas() * num_workers(); }
+  // Virtual for MultiWorkerOptions::logical_replicas (a fixed count over any number of workers).
+  virtual int num_replicas_in_sync() const { return num_local_replicas() * num_workers(); }
   // This process's index among the workers, and how many worker processes take part.
   virtual int worker_rank() const { return 0; }
   virtual int num_workers() const { return 1; }
   // The chief writes checkpoints and summaries (TF: the chief task, else worker 0).
   virtual bool is_chief() const { return worker_rank() == 0; }
   // Global index of local replica `local`.
-  int replica_id(int local) const { return worker_rank() * num_local_replicas() + local; }
+  virtual int replica_id(int local) const { return worker_rank() * num_local_replicas() + local; }
+  // The fixed number of logical replicas whose gradients are summed in an order that does not
+  // depend on the number of workers (MultiWorkerOptions::logical_replicas); 0 when off.
+  virtual int logical_replicas() const { return 0; }
 
   // Calls fn(local_replica) for every local replica, concurrently on the replica threads, and
   // waits for all of them; rethrows the first exception.
@@ -88,8 +92,9 @@ class Strategy {
     std::span<Tensor> extra = {};  // reduced (summed) in the same collective, e.g. a stop flag
     const std::function<void(int local_replica, int num_local_replicas)>* then = nullptr;
   };
-  void reduce_gradients(std::span<const std::vector<Tensor>> per_replica, std::span<Tensor> out,
-                        ReduceOp op, const ReduceGradientsOptions& options);
+  virtual void reduce_gradients(std::span<const std::vector<Tensor>> per_replica,
+                                std::span<Tensor> out, ReduceOp op,
+                                const ReduceGradientsOptions& options);
   void reduce_gradients(std::span<const std::vector<Tensor>> per_replica, std::span<Tensor> out,
                         ReduceOp op) {
     reduce_gradients(per_replica, out, op, ReduceGradientsOptions{});

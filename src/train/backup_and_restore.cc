@@ -125,6 +125,11 @@ void BackupAndRestore::attach() {
                                              .checkpoint_name = "backup"});
   };
   if (st.writer) st.manager = make_manager();
+  if (st.sharded && st.writer && backups_per_host(ts->strategy, false)) {
+    std::cerr << "BackupAndRestore: sharded backups are written across the hosts (each worker "
+              << "its shard, the chief the index): they restore only from a directory every "
+              << "worker sees; with a directory per host, use replicated backups\n";
+  }
   if (!st.per_host) return;
   // The chief holds its directory's lock before any host writer tries: a host whose directory
   // is the chief's (a shared filesystem after all) finds it taken and only reads it.

@@ -51,6 +51,15 @@ std::vector<std::string> files_in(const std::string& dir) {
   return out;
 }
 
+bool read_exactly(int fd, void* p, size_t n) {
+  for (size_t got = 0; got < n;) {
+    const ssize_t r = ::recv(fd, static_cast<char*>(p) + got, n - got, 0);
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
 // A peer on 127.0.0.1 that reads one request and answers with `reply`'s bytes, then closes.
 class RawPeer {
  public:
@@ -67,10 +76,20 @@ class RawPeer {
     thread_ = std::thread([this, reply] {
       const int c = ::accept(fd_, nullptr, nullptr);
       if (c < 0) return;
-      char buf[256];
-      [[maybe_unused]] ssize_t n = ::recv(c, buf, sizeof buf, 0);  // the request
+      // The whole request (two length-prefixed strings), so that closing never resets the
+      // connection under unread bytes.
+      for (int frame = 0; frame < 2; ++frame) {
+        uint64_t n = 0;
+        if (!read_exactly(c, &n, sizeof n) || n > 4096) break;
+        std::string text(n, '\0');
+        if (!read_exactly(c, text.data(), n)) break;
+      }
       const std::string r = reply();
       [[maybe_unused]] ssize_t w = ::send(c, r.data(), r.size(), MSG_NOSIGNAL);
+      ::shutdown(c, SHUT_WR);
+      char drain[256];
+      while (::recv(c, drain, sizeof drain, 0) > 0) {
+      }
       ::close(c);
     });
   }

@@ -98,6 +98,8 @@ struct Cluster {
                                   "0",
                                   "--event-log",
                                   h.events(),
+                                  "--logdir",
+                                  (h.root / "tb").string(),
                                   "--",
                                   kDtrain,
                                   "fit",
@@ -185,6 +187,18 @@ struct Cluster {
     return s;
   }
   fs::path model() const { return hosts_[0].root / "model.keras"; }
+  // What `dtrain events` prints for host i's launcher TensorBoard file(s).
+  std::string tensorboard_text(int i) const {
+    std::string out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(hosts_[i].root / "tb/launcher", ec)) {
+      const std::string log = (hosts_[i].root / "events-dump.log").string();
+      Process p = spawn({kDtrain, "events", e.path().string()}, {}, log);
+      wait_for(p, Clock::now() + std::chrono::seconds(30));
+      out += read_file(log);
+    }
+    return out;
+  }
 
   // No host was told another host's private directory: no host's output or event log names
   // another host's root.
@@ -298,6 +312,10 @@ TEST_F(LaunchLocalDisk, AWholeHostLostWithItsDiskRestoresFromAPeersDisk) {
   EXPECT_TRUE(restores.at(2).value("from_node", "") == "0" ||
               restores.at(2).value("from_node", "") == "1")
       << restores.at(2).dump();
+  // ... also in TensorBoard (the launcher's text entries).
+  const std::string tb = c_->tensorboard_text(2);
+  EXPECT_NE(tb.find("backup_restore"), std::string::npos) << tb;
+  EXPECT_NE(tb.find("'s disk over TCP"), std::string::npos) << tb;
   // The restarted worker says so too.
   EXPECT_NE(read_file(c_->hosts_[2].log()).find("'s disk over TCP"), std::string::npos)
       << log_tail(read_file(c_->hosts_[2].log()));

@@ -108,8 +108,8 @@ std::optional<std::string> agree_on_host_backups(distribute::Strategy& strategy,
   }
   if (agreed < 0) return std::nullopt;  // no host holds a backup: a fresh start everywhere
 
-  // 2. A worker behind the agreed step fetches it from a worker that holds it: one on another
-  // node first (the lowest rank), since a worker of its own host would have restored it too.
+  // 2. A worker behind the agreed step fetches it from a worker that holds it, trying the holders
+  // in rank order (they are on other hosts: the workers of one host read one directory).
   std::optional<std::string> restored = mine.step == agreed ? local : std::nullopt;
   json report = {{"source", "local_disk"}, {"step", agreed}, {"checkpoint", mine.name}};
   std::string error;

@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"
+#include "fault/launch_util.h"
 
 namespace dtrain::fault {
 
@@ -64,6 +66,7 @@ void RecoveryTracker::started(int64_t generation) {
 
 void RecoveryTracker::observe(const Generation& g, distribute::CoordinationClient& client,
                               const std::map<std::string, std::string>& progress) {
+  record_backup_restores(g, client, progress);
   if (!recovery_ || recovery_->generation != g.number) return;
   if (!recovery_->resumed_recorded) record_resumed(g, client);
   // The first step completed after the restart: past the resumed step (or any step at all when
@@ -75,6 +78,61 @@ void RecoveryTracker::observe(const Generation& g, distribute::CoordinationClien
   if (!newest || (recovery_->resumed_step && *newest <= *recovery_->resumed_step)) return;
   record_recovered(g);
   recovery_.reset();
+}
+
+void RecoveryTracker::record_backup_restores(const Generation& g,
+                                             distribute::CoordinationClient& client,
+                                             const std::map<std::string, std::string>& progress) {
+  if (backups_generation_ != g.number) {
+    backups_generation_ = g.number;
+    backups_done_ = false;
+    backups_seen_.clear();
+  }
+  if (backups_done_) return;
+  // A worker writes its report before its first step, so once every worker of this node has
+  // trained one, this read is the last one needed.
+  const bool last = progress.size() >= g.slots.size();
+  const int node = g.nodes.empty() ? 0 : g.nodes[static_cast<size_t>(g.node_index)];
+  for (const auto& [key, value] : client.get_prefix(str_cat("backup_restore/", g.number, "/"))) {
+    const std::optional<int64_t> rank = parse_int(key.substr(key.rfind('/') + 1));
+    if (!rank || *rank < g.rank_offset ||
+        *rank >= g.rank_offset + static_cast<int64_t>(g.slots.size()) ||
+        backups_seen_[static_cast<int>(*rank)]) {
+      continue;
+    }
+    backups_seen_[static_cast<int>(*rank)] = true;
+    FaultEvent e = event_of(kEventBackupRestore, g.number);
+    e.rank = static_cast<int>(*rank);
+    e.node = node;
+    std::string source = "?";
+    try {
+      const nlohmann::json j = nlohmann::json::parse(value);
+      source = j.value("source", "?");
+      e.resumed_step = j.value("step", int64_t{0});
+      e.checkpoint = j.value("checkpoint", "");
+      e.extra["source"] = source;
+      std::string from = str_cat("local disk (node ", node, ")");
+      if (j.contains("from_node")) {
+        // The worker knows the node's position in the generation; the event names its id.
+        const int index = j["from_node"].get<int>();
+        const int from_node = index >= 0 && index < static_cast<int>(g.nodes.size())
+                                  ? g.nodes[static_cast<size_t>(index)]
+                                  : index;
+        e.extra["from_node"] = std::to_string(from_node);
+        e.extra["from_rank"] = std::to_string(j.value("from_rank", -1));
+        e.extra["bytes"] = std::to_string(j.value("bytes", int64_t{0}));
+        from = str_cat("node ", from_node, "'s disk over TCP (", j.value("bytes", int64_t{0}),
+                       " bytes)");
+      }
+      e.message = str_cat("rank ", *rank, ": restored ", e.checkpoint, " (step ", *e.resumed_step,
+                          ") from ", from);
+    } catch (const std::exception& ex) {
+      e.message = str_cat("rank ", *rank, ": unreadable backup report '", value, "': ", ex.what());
+    }
+    say(e.message);
+    recorder_.record(e);
+  }
+  if (last) backups_done_ = true;
 }
 
 void RecoveryTracker::record_resumed(const Generation& g, distribute::CoordinationClient& client) {

@@ -16,6 +16,9 @@
 
 namespace dtrain::fault {
 
+// A worker restored a durable backup from its host's disk or a peer's (train/peer_backups.h).
+inline constexpr const char* kEventBackupRestore = "backup_restore";
+
 // An event of `kind` in `generation`.
 FaultEvent event_of(const char* kind, int64_t generation);
 // An event about failure `f`: its worker (rank, node, slot, pid), how it ended (exit code,
@@ -43,7 +46,9 @@ class RecoveryTracker {
   // The restarted workers run in generation `generation`.
   void started(int64_t generation);
   // Reads where the workers of `g` resumed (once) and, given their newest steps `progress`,
-  // records "resumed" and, at the first step past it, "recovered".
+  // records "resumed" and, at the first step past it, "recovered". Also records, in any
+  // generation, a "backup_restore" for each of this node's workers that says where its durable
+  // backup came from (read until every worker of the node has trained a step).
   void observe(const Generation& g, distribute::CoordinationClient& client,
                const std::map<std::string, std::string>& progress);
 
@@ -59,10 +64,15 @@ class RecoveryTracker {
   };
   void record_resumed(const Generation& g, distribute::CoordinationClient& client);
   void record_recovered(const Generation& g);
+  void record_backup_restores(const Generation& g, distribute::CoordinationClient& client,
+                              const std::map<std::string, std::string>& progress);
 
   FaultRecorder& recorder_;
   int restarts_ = 0;
   std::optional<Recovery> recovery_;
+  int64_t backups_generation_ = 0;  // the generation whose backup_restore reports are read
+  bool backups_done_ = false;
+  std::map<int, bool> backups_seen_;  // rank → recorded
 };
 
 }  // namespace dtrain::fault

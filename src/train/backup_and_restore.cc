@@ -20,6 +20,7 @@
 #include "dtrain/train/training.h"
 #include "fit_loop.h"
 #include "memory_snapshots.h"
+#include "peer_backups.h"
 #include "training_state.h"
 
 namespace dtrain::train {
@@ -39,8 +40,9 @@ struct BackupAndRestore::State {
   Tensor metric_state;               // float64 [metrics, 2]: (total, count) per metric
   std::unique_ptr<checkpoint::Checkpoint> ckpt;
   std::unique_ptr<checkpoint::CheckpointManager> manager;  // the chief's only
-  bool writer = true;    // the chief (or the only process): owns the manager
-  bool sharded = false;  // every worker writes its shard of each backup
+  bool writer = true;     // owns the manager: the chief (or the only process), or a host's copy
+  bool sharded = false;   // every worker writes its shard of each backup
+  bool per_host = false;  // every host keeps its own copy (peer_backups.h)
   std::vector<std::pair<std::string, checkpoint::Trackable>> children;  // what ckpt tracks
 };
 
@@ -109,15 +111,37 @@ void BackupAndRestore::attach() {
   st.ckpt = std::make_unique<checkpoint::Checkpoint>(
       std::move(children), checkpoint::CheckpointOptions{.enable_async = options_.enable_async});
   // Under a multi-worker strategy the variables are mirrored, so only the chief writes (and
-  // sweeps the directory); the other workers only read the chief's committed backups.
+  // sweeps the directory); the other workers only read the chief's committed backups. Under
+  // `dtrain launch` with several nodes, the first worker of every host also writes a full copy
+  // into its own directory (that host's disk), so no host depends on another's filesystem.
   st.writer = ts->strategy == nullptr || ts->strategy->is_chief();
   st.sharded = options_.sharded && ts->strategy != nullptr && ts->strategy->num_workers() > 1;
+  st.per_host = backups_per_host(ts->strategy, st.sharded);
   if (st.sharded) st.ckpt->set_sharding(sharded_save_options(*ts->strategy, m));
-  if (!st.writer) return;
-  st.manager = std::make_unique<checkpoint::CheckpointManager>(
-      *st.ckpt, dir_,
-      checkpoint::CheckpointManagerOptions{.max_to_keep = options_.max_to_keep,
-                                           .checkpoint_name = "backup"});
+  const auto make_manager = [&] {
+    return std::make_unique<checkpoint::CheckpointManager>(
+        *st.ckpt, dir_,
+        checkpoint::CheckpointManagerOptions{.max_to_keep = options_.max_to_keep,
+                                             .checkpoint_name = "backup"});
+  };
+  if (st.writer) st.manager = make_manager();
+  if (st.sharded && st.writer && backups_per_host(ts->strategy, false)) {
+    std::cerr << "BackupAndRestore: sharded backups are written across the hosts (each worker "
+              << "its shard, the chief the index): they restore only from a directory every "
+              << "worker sees; with a directory per host, use replicated backups\n";
+  }
+  if (!st.per_host) return;
+  // The chief holds its directory's lock before any host writer tries: a host whose directory
+  // is the chief's (a shared filesystem after all) finds it taken and only reads it.
+  ts->strategy->barrier();
+  if (st.writer || !writes_host_copy()) return;
+  try {
+    st.manager = make_manager();
+    st.writer = true;
+  } catch (const FailedPreconditionError& e) {
+    std::cerr << "BackupAndRestore: " << dir_ << " has a writer already (a directory shared "
+              << "with another host?), so this host only reads it: " << e.what() << "\n";
+  }
 }
 
 namespace {
@@ -134,6 +158,8 @@ void remove_backup_files(const std::string& dir) {
                        std::isdigit(static_cast<unsigned char>(name[7])));
     std::error_code type_ec;
     if (ours && entry.is_regular_file(type_ec)) fs::remove(entry.path(), ec);
+    // A copy fetched from a peer by a worker that was killed before it restored it.
+    if (name.rfind(".peer-backup-r", 0) == 0) fs::remove_all(entry.path(), ec);
   }
   fs::remove(dir, ec);  // only when empty
 }
@@ -174,11 +200,18 @@ void BackupAndRestore::on_train_begin(const Logs&) {
   if (snapshots_) snapshots_->begin(state_->children);
   if (options_.restore && snapshots_) restored_from_ = snapshots_->restore_agreed(*state_->ckpt);
   if (options_.restore && !restored_from_) {
-    if (state_->writer) {
+    if (state_->manager) {
       restored_from_ = state_->manager->restore_or_initialize();
     } else if (auto status = checkpoint::restore_newest_checkpoint(*state_->ckpt, dir_, "backup")) {
       // The same choice as the chief's manager, also when the state file is damaged.
       restored_from_ = status->save_path();
+    }
+    if (state_->per_host) {
+      // Each host restored its own newest copy; now all take the job's newest, from a peer's
+      // disk where this host lacks it.
+      TrainingState& ts = state_of(*model(), "BackupAndRestore");
+      restored_from_ = agree_on_host_backups(*ts.strategy, *state_->ckpt, dir_, restored_from_,
+                                             [&ts] { return ts.optimizer->iterations(); });
     }
   }
   if (!restored_from_) return;
@@ -299,12 +332,22 @@ bool BackupAndRestore::restore_last_good() {
   std::optional<checkpoint::CheckpointLoadStatus> status;
   if (st.manager) st.manager->sync();
   status = st.ckpt->restore_latest(dir_);
+  bool restored = status.has_value();
+  if (st.per_host) {
+    // Every host its own newest copy, then the job's newest one (as when fit() starts).
+    TrainingState& ts = state_of(*model(), "BackupAndRestore");
+    std::optional<std::string> local;
+    if (status) local = status->save_path();
+    restored = agree_on_host_backups(*ts.strategy, *st.ckpt, dir_, local, [&ts] {
+                 return ts.optimizer->iterations();
+               }).has_value();
+  }
   st.epoch = epoch;
   st.step = step;
   st.position = position;
   st.data_seed = seed;
   st.has_seed = has_seed;
-  return status.has_value();
+  return restored;
 }
 
 void BackupAndRestore::on_train_batch_end(int64_t, const Logs&) {

@@ -92,18 +92,22 @@ class NetnsCluster {
 
   // SIGKILLs every process in the cluster's namespaces (those `ip netns pids` lists).
   void kill_processes() {
-    for (const auto& ns : created_) {
-      FILE* f = ::popen((ip_ + " netns pids " + ns + " 2>/dev/null").c_str(), "r");
-      if (f == nullptr) continue;
-      int pid = 0;
-      while (std::fscanf(f, "%d", &pid) == 1) {
-        if (pid > 1 && pid != getpid()) ::kill(pid, SIGKILL);
-      }
-      ::pclose(f);
-    }
+    for (const auto& ns : created_) kill_in(ns);
   }
+  // SIGKILLs every process of host i (a whole machine lost).
+  void kill_host_processes(int i) { kill_in(hosts_[i]); }
 
  private:
+  void kill_in(const std::string& ns) {
+    FILE* f = ::popen((ip_ + " netns pids " + ns + " 2>/dev/null").c_str(), "r");
+    if (f == nullptr) return;
+    int pid = 0;
+    while (std::fscanf(f, "%d", &pid) == 1) {
+      if (pid > 1 && pid != getpid()) ::kill(pid, SIGKILL);
+    }
+    ::pclose(f);
+  }
+
   std::string ip_, hub_, subnet_;
   bool ok_ = false;
   std::vector<std::string> created_, hosts_, hub_links_, addresses_;

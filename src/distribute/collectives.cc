@@ -1,5 +1,7 @@
 // Collectives over Gloo: rendezvous, a full mesh of TCP pairs, bucketed all-reduce with
-// persistent buckets, and the mapping of Gloo's exceptions to dtrain's error codes.
+// persistent buckets, and the mapping of Gloo's exceptions to dtrain's error codes; the
+// shared-memory transport (shm_transport.h) takes the collectives over when every worker is on
+// this host.
 #include "dtrain/distribute/collectives.h"
 
 #include <gloo/allgather.h>
@@ -25,6 +27,7 @@
 #include "dtrain/core/error.h"
 #include "gloo_store.h"
 #include "ordered_all_reduce.h"
+#include "shm_transport.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -158,6 +161,8 @@ struct Collectives::Impl {
   std::vector<Bucket> buckets;
   Bucket scalar_bucket;
   std::vector<OrderedBuffer> ordered;
+  // Every worker on this host: the collectives run here instead (null otherwise).
+  std::unique_ptr<ShmTransport> shm;
   bool broken = false;
 
   std::string peers_text() const {
@@ -184,15 +189,17 @@ struct Collectives::Impl {
     return s;
   }
 
-  [[noreturn]] void fail(const char* what, const std::string& message) {
+  [[noreturn]] void fail(const char* what, const std::string& message,
+                         const std::string& suspect = "", bool timed_out = false) {
     broken = true;
+    if (shm) shm->abort();  // peers waiting on this worker fail now, as on a closed TCP pair
     const std::string where = str_cat(what, " on rank ", options.rank, " of ", options.world_size,
                                       " (generation ", generation, ")");
-    const std::string who = suspects(message);
+    const std::string who = suspect.empty() ? suspects(message) : suspect;
     const std::string tail =
         str_cat(". Workers: ", peers_text(),
                 ". This collective context is unusable now; rebuild it with a new rendezvous.");
-    if (is_timeout_message(message)) {
+    if (timed_out || is_timeout_message(message)) {
       throw DeadlineExceededError(
           str_cat(where, " timed out after ", options.timeout.count(), " ms waiting for a peer",
                   who.empty() ? "" : " (" + who + ")", ": ", message, tail));
@@ -213,6 +220,8 @@ struct Collectives::Impl {
       f();
     } catch (const dtrain::Error&) {
       throw;
+    } catch (const ShmPeerError& e) {
+      fail(what, e.what(), str_cat("rank ", e.peer), e.timed_out);
     } catch (const gloo::IoException& e) {
       fail(what, e.what());
     } catch (const gloo::Exception& e) {
@@ -231,6 +240,11 @@ struct Collectives::Impl {
   // All-reduces `count` elements at `ptr`; `bucket` is the persistent state when `ptr` is its
   // storage (old-style algorithms are bound to a buffer), or null for an in-place buffer.
   void reduce_buffer(Bucket* bucket, void* ptr, DType d, size_t count) {
+    if (shm) {  // Gloo's ring order of additions, chunk by chunk (see summation_order)
+      const size_t elem = dtype_size(d);
+      shm->all_reduce(ptr, d, count, ring_chunk_elements(count * elem, elem, options.world_size));
+      return;
+    }
     const AllreduceAlgorithm a = choose(count * dtype_size(d));
     if (a == AllreduceAlgorithm::kReduceScatter) {
       new_style_allreduce(context, d, ptr, count, options.timeout);
@@ -262,6 +276,11 @@ Collectives::~Collectives() {
   // peer is still exchanging with it. Skipped after a failure; bounded by 10 s.
   if (!impl_ || !impl_->context || impl_->broken) return;
   try {
+    if (impl_->shm) {
+      impl_->shm->barrier(
+          std::min<std::chrono::milliseconds>(impl_->options.timeout, std::chrono::seconds(10)));
+      return;
+    }
     gloo::BarrierOptions opts(impl_->context);
     opts.setTimeout(
         std::min<std::chrono::milliseconds>(impl_->options.timeout, std::chrono::seconds(10)));
@@ -314,7 +333,25 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
       gloo::BarrierOptions barrier(impl->context);
       barrier.setTimeout(options.timeout);
       gloo::barrier(barrier);
-      if (options.world_size == 2 && std::getenv("DTRAIN_GLOO_NO_BUSY_POLL") == nullptr) {
+      const char* shm_env = std::getenv("DTRAIN_SHM_COLLECTIVES");
+      const AllreduceAlgorithm a = options.algorithm;
+      // An old-style algorithm with three workers or more sums in an order of its own.
+      const bool same_order = options.world_size == 2 || a == AllreduceAlgorithm::kAuto ||
+                              a == AllreduceAlgorithm::kReduceScatter;
+      std::string why_not;
+      impl->shm =
+          ShmTransport::connect(*rdzv.store,
+                                {.rank = options.rank,
+                                 .world_size = options.world_size,
+                                 .enabled = options.shared_memory && same_order &&
+                                            !(shm_env != nullptr && std::string(shm_env) == "0"),
+                                 .region_bytes = options.bucket_bytes,
+                                 .run_id = options.run_id,
+                                 .generation = rdzv.generation,
+                                 .timeout = options.timeout},
+                                &why_not);
+      if (!impl->shm && options.world_size == 2 &&
+          std::getenv("DTRAIN_GLOO_NO_BUSY_POLL") == nullptr) {
         impl->sync_context =
             std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
         impl->sync_context->setTimeout(options.timeout);
@@ -345,6 +382,7 @@ int Collectives::size() const { return impl_->options.world_size; }
 int64_t Collectives::generation() const { return impl_->generation; }
 const std::vector<PeerInfo>& Collectives::peers() const { return impl_->peers; }
 bool Collectives::broken() const { return impl_->broken; }
+bool Collectives::uses_shared_memory() const { return impl_->shm != nullptr; }
 
 void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
   for (const Tensor& t : tensors) {
@@ -480,6 +518,7 @@ void Collectives::all_reduce_in_order(std::span<const OrderedPiece> pieces, DTyp
   }
   Impl& m = *impl_;
   m.guarded("all_reduce_in_order", [&] {
+    if (m.shm) return m.shm->all_reduce_in_order(pieces, dtype);
     if (m.ordered.size() <= buffer) m.ordered.resize(buffer + 1);
     ordered_ring_all_reduce(*m.context, pieces, dtype, m.ordered[buffer], m.options.timeout);
   });
@@ -505,6 +544,7 @@ void Collectives::broadcast(std::span<Tensor> tensors, int root) {
   Impl& m = *impl_;
   m.guarded("broadcast", [&] {
     auto run = [&](void* ptr, size_t bytes) {
+      if (m.shm) return m.shm->broadcast(ptr, bytes, root);
       gloo::BroadcastOptions opts(m.context);
       opts.setOutput(static_cast<uint8_t*>(ptr), bytes);
       opts.setRoot(root);
@@ -558,6 +598,10 @@ void Collectives::all_gather(const Tensor& local, Tensor& out) {
   }
   Impl& m = *impl_;
   m.guarded("all_gather", [&] {
+    if (m.shm) {
+      const std::vector<size_t> bytes(size(), local.nbytes());
+      return m.shm->all_gather_v(local.raw_data(), out.raw_data(), bytes);
+    }
     gloo::AllgatherOptions opts(m.context);
     opts.setInput(static_cast<uint8_t*>(const_cast<void*>(local.raw_data())), local.nbytes());
     opts.setOutput(static_cast<uint8_t*>(out.raw_data()), out.nbytes());
@@ -579,6 +623,7 @@ void Collectives::all_gather_v(const void* local, void* out,
   if (total == 0) return;
   Impl& m = *impl_;
   m.guarded("all_gather_v", [&] {
+    if (m.shm) return m.shm->all_gather_v(local, out, bytes_per_rank);
     gloo::AllgathervOptions opts(m.context);
     opts.setInput(static_cast<uint8_t*>(const_cast<void*>(local)), bytes_per_rank[rank()]);
     opts.setOutput(static_cast<uint8_t*>(out),
@@ -592,6 +637,7 @@ void Collectives::barrier() {
   if (size() == 1) return;
   Impl& m = *impl_;
   m.guarded("barrier", [&] {
+    if (m.shm) return m.shm->barrier();
     gloo::BarrierOptions opts(m.context);
     opts.setTimeout(m.options.timeout);
     gloo::barrier(opts);

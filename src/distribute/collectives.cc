@@ -6,15 +6,10 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
-#include <gloo/allreduce_halving_doubling.h>
-#include <gloo/allreduce_ring.h>
-#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
@@ -25,6 +20,7 @@
 #include <unordered_map>
 
 #include "dtrain/core/error.h"
+#include "gloo_all_reduce.h"
 #include "gloo_store.h"
 #include "ordered_all_reduce.h"
 #include "shm_transport.h"
@@ -43,87 +39,6 @@ constexpr size_t kSyncPairBytes = size_t{512} << 10;
 
 bool supported_reduce_dtype(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64;
-}
-
-// A persistent buffer (tensors packed back to back) and the old-style algorithm bound to it.
-struct Bucket {
-  std::vector<double> storage;  // 8-byte aligned bytes
-  DType dtype = DType::kInvalid;
-  size_t count = 0;
-  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
-  std::unique_ptr<gloo::Algorithm> algo;  // bound to (storage.data(), count, dtype)
-  const void* algo_ptr = nullptr;
-
-  void* data() { return storage.data(); }
-  void reserve_bytes(size_t n) {
-    const size_t words = (n + 7) / 8;
-    if (storage.size() < words) {
-      storage.resize(words);
-      algo.reset();  // storage moved
-    }
-  }
-};
-
-template <class T>
-std::unique_ptr<gloo::Algorithm> make_old_style(const std::shared_ptr<gloo::Context>& ctx,
-                                                AllreduceAlgorithm a, void* ptr, size_t count) {
-  std::vector<T*> ptrs{static_cast<T*>(ptr)};
-  const int n = static_cast<int>(count);
-  switch (a) {
-    case AllreduceAlgorithm::kRing:
-      return std::make_unique<gloo::AllreduceRing<T>>(ctx, ptrs, n);
-    case AllreduceAlgorithm::kRingChunked:
-      return std::make_unique<gloo::AllreduceRingChunked<T>>(ctx, ptrs, n);
-    case AllreduceAlgorithm::kHalvingDoubling:
-      return std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx, ptrs, n);
-    default:
-      DTRAIN_INTERNAL_CHECK(false, "not an old-style algorithm");
-  }
-}
-
-std::unique_ptr<gloo::Algorithm> make_old_style(const std::shared_ptr<gloo::Context>& ctx,
-                                                AllreduceAlgorithm a, DType d, void* ptr,
-                                                size_t count) {
-  switch (d) {
-    case DType::kFloat32:
-      return make_old_style<float>(ctx, a, ptr, count);
-    case DType::kFloat64:
-      return make_old_style<double>(ctx, a, ptr, count);
-    case DType::kInt32:
-      return make_old_style<int32_t>(ctx, a, ptr, count);
-    case DType::kInt64:
-      return make_old_style<int64_t>(ctx, a, ptr, count);
-    default:
-      DTRAIN_INTERNAL_CHECK(false, "unsupported dtype");
-  }
-}
-
-using ReduceFn = void (*)(void*, const void*, const void*, size_t);
-
-template <class T>
-void new_style_allreduce(const std::shared_ptr<gloo::Context>& ctx, void* ptr, size_t count,
-                         std::chrono::milliseconds timeout) {
-  gloo::AllreduceOptions opts(ctx);
-  opts.setOutput(static_cast<T*>(ptr), count);
-  opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<T>));
-  opts.setTimeout(timeout);
-  gloo::allreduce(opts);
-}
-
-void new_style_allreduce(const std::shared_ptr<gloo::Context>& ctx, DType d, void* ptr,
-                         size_t count, std::chrono::milliseconds timeout) {
-  switch (d) {
-    case DType::kFloat32:
-      return new_style_allreduce<float>(ctx, ptr, count, timeout);
-    case DType::kFloat64:
-      return new_style_allreduce<double>(ctx, ptr, count, timeout);
-    case DType::kInt32:
-      return new_style_allreduce<int32_t>(ctx, ptr, count, timeout);
-    case DType::kInt64:
-      return new_style_allreduce<int64_t>(ctx, ptr, count, timeout);
-    default:
-      DTRAIN_INTERNAL_CHECK(false, "unsupported dtype");
-  }
 }
 
 void scale(void* ptr, DType d, size_t count, double factor) {

@@ -78,6 +78,7 @@ struct Collectives::Impl {
   std::vector<OrderedBuffer> ordered;
   // Every worker on this host: the collectives run here instead (null otherwise).
   std::unique_ptr<ShmTransport> shm;
+  std::vector<ShmTransport::Segment> segments;  // all_reduce's bucket, without the copy
   bool broken = false;
 
   std::string peers_text() const {
@@ -155,10 +156,9 @@ struct Collectives::Impl {
   // All-reduces `count` elements at `ptr`; `bucket` is the persistent state when `ptr` is its
   // storage (old-style algorithms are bound to a buffer), or null for an in-place buffer.
   void reduce_buffer(Bucket* bucket, void* ptr, DType d, size_t count) {
-    if (shm) {  // Gloo's ring order of additions, chunk by chunk (see summation_order)
-      const size_t elem = dtype_size(d);
-      shm->all_reduce(ptr, d, count, ring_chunk_elements(count * elem, elem, options.world_size));
-      return;
+    if (shm) {
+      const ShmTransport::Segment whole{ptr, count};
+      return shm_reduce({&whole, 1}, d, count);
     }
     const AllreduceAlgorithm a = choose(count * dtype_size(d));
     if (a == AllreduceAlgorithm::kReduceScatter) {
@@ -177,6 +177,13 @@ struct Collectives::Impl {
       bucket->algorithm = a;
     }
     bucket->algo->run();
+  }
+
+  // The shared-memory all-reduce of `count` elements in `segments`, taken as one buffer: Gloo's
+  // ring order of additions, chunk by chunk (see summation_order).
+  void shm_reduce(std::span<const ShmTransport::Segment> segments, DType d, size_t count) {
+    const size_t elem = dtype_size(d);
+    shm->all_reduce(segments, d, ring_chunk_elements(count * elem, elem, options.world_size));
   }
 
   bool in_place_ok(size_t bytes) const {
@@ -331,6 +338,19 @@ void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
              !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
         total += tensors[j].nbytes();
         ++j;
+      }
+      if (m.shm) {  // the same bucket, summed straight from and into the tensors
+        m.segments.clear();
+        for (size_t k = i; k < j; ++k) {
+          m.segments.push_back(
+              {tensors[k].raw_data(), static_cast<size_t>(tensors[k].num_elements())});
+        }
+        m.shm_reduce(m.segments, d, total / dtype_size(d));
+        for (size_t k = i; k < j; ++k) {
+          if (factor != 1.0) scale(tensors[k].raw_data(), d, tensors[k].num_elements(), factor);
+        }
+        i = j;
+        continue;
       }
       if (m.buckets.size() <= bucket_index) m.buckets.resize(bucket_index + 1);
       Bucket& b = m.buckets[bucket_index++];

@@ -435,9 +435,15 @@ void ShmTransport::reduce(DType dtype, size_t total, Pack&& pack, Unpack&& unpac
   }
 }
 
-void ShmTransport::all_reduce(void* data, DType dtype, size_t count, size_t chunk) {
+void ShmTransport::all_reduce(std::span<const Segment> segments, DType dtype, size_t chunk) {
   const int n = options_.world_size;
   const size_t elem = dtype_size(dtype);
+  starts_.clear();
+  size_t count = 0;
+  for (const Segment& g : segments) {
+    starts_.push_back(count);
+    count += g.count;
+  }
   chunk = std::max<size_t>(chunk, 1);
   runs_.clear();
   for (int o = 0; o < n && o * chunk < count; ++o) {
@@ -445,12 +451,25 @@ void ShmTransport::all_reduce(void* data, DType dtype, size_t count, size_t chun
     const size_t e = o == n - 1 ? count : std::min(count, b + chunk);
     runs_.push_back({b, e - b, o});
   }
-  auto* bytes = static_cast<char*>(data);
+  // Segments overlapping [w0, w0 + len): fn(segment bytes at the overlap, window offset, count).
+  auto each = [&](size_t w0, size_t len, auto&& fn) {
+    size_t k = std::upper_bound(starts_.begin(), starts_.end(), w0) - starts_.begin();
+    if (k > 0) --k;
+    for (; k < segments.size() && starts_[k] < w0 + len; ++k) {
+      const size_t b = std::max(w0, starts_[k]);
+      const size_t e = std::min(w0 + len, starts_[k] + segments[k].count);
+      if (b < e) fn(static_cast<char*>(segments[k].data) + (b - starts_[k]) * elem, b - w0, e - b);
+    }
+  };
   reduce(
       dtype, count,
-      [&](char* dst, size_t w0, size_t len) { std::memcpy(dst, bytes + w0 * elem, len * elem); },
+      [&](char* dst, size_t w0, size_t len) {
+        each(w0, len,
+             [&](char* p, size_t at, size_t c) { std::memcpy(dst + at * elem, p, c * elem); });
+      },
       [&](const char* src, size_t w0, size_t len) {
-        std::memcpy(bytes + w0 * elem, src, len * elem);
+        each(w0, len,
+             [&](char* p, size_t at, size_t c) { std::memcpy(p, src + at * elem, c * elem); });
       });
 }
 

@@ -55,9 +55,16 @@ class ShmTransport {
   ShmTransport(const ShmTransport&) = delete;
   ShmTransport& operator=(const ShmTransport&) = delete;
 
-  // Sums `count` elements at `data` (float32, float64, int32, int64) in place; element i is
-  // summed in the ring order ending on owner min(i / chunk, n - 1) (SumRange's order).
-  void all_reduce(void* data, DType dtype, size_t count, size_t chunk);
+  // Elements [0, count) of one side of a reduction, somewhere in memory.
+  struct Segment {
+    void* data = nullptr;
+    size_t count = 0;
+  };
+  // Sums the concatenation of `segments` (float32, float64, int32, int64) in place, as if they
+  // were one buffer: its element i is summed in the ring order ending on owner
+  // min(i / chunk, n - 1) (SumRange's order). Copies straight between the segments and the
+  // segment, so a bucket of tensors needs no staging buffer.
+  void all_reduce(std::span<const Segment> segments, DType dtype, size_t chunk);
   // Collectives::all_reduce_in_order over shared memory (float32, float64).
   void all_reduce_in_order(std::span<const OrderedPiece> pieces, DType dtype);
   // out = every rank's `local` (bytes_per_rank[r] bytes from rank r), concatenated in rank order.
@@ -102,6 +109,7 @@ class ShmTransport {
   std::vector<int> pidfds_;  // per rank; -1 for this process and where pidfd_open failed
   std::vector<int64_t> pids_;
   std::vector<Run> runs_;
+  std::vector<size_t> starts_;  // each segment's element offset in the packed stream
   bool left_ = false;
 };
 

@@ -135,30 +135,34 @@ void remove_stale_segments(const std::string& ns_digits) {
   closedir(dir);
 }
 
+// out[i] for i < count = the sum of in[k][offset + i] over the ranks k, in the ring order ending
+// on `owner`: x_owner + (x_owner+1 + (... + (x_owner-2 + x_owner-1))), as Gloo's ring adds each
+// rank's own value to the partial sum it receives from the next rank.
 template <class T>
-void sum_owned(char* out_bytes, const char* const* in, int n, int owner, size_t b, size_t e) {
-  // x_owner + (x_owner+1 + (... + (x_owner-2 + x_owner-1))): Gloo's ring adds each rank's own
-  // value to the partial sum it receives from the next rank.
+void sum_owned(char* out_bytes, const char* const* in, int n, int owner, size_t offset,
+               size_t count) {
   T* out = reinterpret_cast<T*>(out_bytes);
-  const T* last = reinterpret_cast<const T*>(in[(owner + n - 1) % n]);
-  const T* prev = reinterpret_cast<const T*>(in[(owner + n - 2) % n]);
-  for (size_t i = b; i < e; ++i) out[i] = prev[i] + last[i];
+  auto x = [&](int rank) { return reinterpret_cast<const T*>(in[rank] + offset); };
+  const T* last = x((owner + n - 1) % n);
+  const T* prev = x((owner + n - 2) % n);
+  for (size_t i = 0; i < count; ++i) out[i] = prev[i] + last[i];
   for (int j = 3; j <= n; ++j) {
-    const T* x = reinterpret_cast<const T*>(in[(owner + n - j) % n]);
-    for (size_t i = b; i < e; ++i) out[i] = x[i] + out[i];
+    const T* v = x((owner + n - j) % n);
+    for (size_t i = 0; i < count; ++i) out[i] = v[i] + out[i];
   }
 }
 
-void sum_owned(DType d, char* out, const char* const* in, int n, int owner, size_t b, size_t e) {
+void sum_owned(DType d, char* out, const char* const* in, int n, int owner, size_t offset,
+               size_t count) {
   switch (d) {
     case DType::kFloat32:
-      return sum_owned<float>(out, in, n, owner, b, e);
+      return sum_owned<float>(out, in, n, owner, offset, count);
     case DType::kFloat64:
-      return sum_owned<double>(out, in, n, owner, b, e);
+      return sum_owned<double>(out, in, n, owner, offset, count);
     case DType::kInt32:
-      return sum_owned<int32_t>(out, in, n, owner, b, e);
+      return sum_owned<int32_t>(out, in, n, owner, offset, count);
     case DType::kInt64:
-      return sum_owned<int64_t>(out, in, n, owner, b, e);
+      return sum_owned<int64_t>(out, in, n, owner, offset, count);
     default:
       DTRAIN_INTERNAL_CHECK(false, "shared-memory all-reduce: unsupported dtype");
   }
@@ -205,7 +209,7 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(KeyValueStore& store, const 
   t->pids_ = pids;
   t->region_bytes_ = round_up(std::clamp<size_t>(options.region_bytes, 64 << 10, 4 << 20), kPage);
   t->header_bytes_ = round_up(kLine + kLine * n, kPage);
-  t->mapped_bytes_ = t->header_bytes_ + t->region_bytes_ * (n + 2);
+  t->mapped_bytes_ = t->header_bytes_ + t->region_bytes_ * 2 * n;
   const std::string ns_digits = namespace_digits(pid_namespace());
   std::string name;
   bool created = false;
@@ -236,8 +240,12 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(KeyValueStore& store, const 
         error = str_cat("shm_open(", name, "): ", std::strerror(errno));
       } else {
         created = true;
-        if (ftruncate(fd, static_cast<off_t>(t->mapped_bytes_)) != 0) {
-          error = str_cat("ftruncate(", name, ", ", t->mapped_bytes_, "): ", std::strerror(errno));
+        // Allocated now, not at first touch: a full /dev/shm (containers often give 64 MiB) must
+        // turn the transport down here, not raise SIGBUS in the middle of a step.
+        const int err = posix_fallocate(fd, 0, static_cast<off_t>(t->mapped_bytes_));
+        if (err != 0) {
+          error = str_cat("posix_fallocate(", name, ", ", t->mapped_bytes_,
+                          " bytes): ", std::strerror(err));
           close(fd);
         } else {
           error = map(fd);
@@ -308,11 +316,9 @@ ShmTransport::~ShmTransport() {
   }
 }
 
-char* ShmTransport::input(int r) const {
-  return static_cast<char*>(base_) + header_bytes_ + region_bytes_ * r;
+char* ShmTransport::input(int r, int parity) const {
+  return static_cast<char*>(base_) + header_bytes_ + region_bytes_ * (2 * r + parity);
 }
-
-char* ShmTransport::output(int parity) const { return input(options_.world_size + parity); }
 
 namespace {
 RankControl& control(void* base, int r) {
@@ -402,36 +408,33 @@ void ShmTransport::barrier(std::chrono::milliseconds timeout) {
   arrive_and_wait(Clock::now() + timeout);
 }
 
-// Windows of the packed stream [0, total): every rank packs its window into its input region;
-// rank r sums its share of the window (runs_ give each element's owner) into the output region
-// of this parity; every rank unpacks the whole window. The two output regions alternate, so a
-// rank may fill its input for the next window while a slower one still unpacks this one.
-template <class Pack, class Unpack>
-void ShmTransport::reduce(DType dtype, size_t total, Pack&& pack, Unpack&& unpack) {
+// Every collective moves windows through the input regions of the current parity: each rank fills
+// its own, one barrier, then each reads what it needs from every rank's, and the parity flips.
+// A rank refills a region of one parity only after the barrier of the next window, which every
+// rank reaches only once it is done reading this one: one barrier per window.
+template <class Pack, class Consume>
+void ShmTransport::windows(size_t total, size_t window, Pack&& pack, Consume&& consume) {
   const int n = options_.world_size;
-  const size_t elem = dtype_size(dtype);
-  const size_t window = region_bytes_ / elem;
   const char* in[kMaxRanks];
   for (size_t w0 = 0; w0 < total; w0 += window) {
     const size_t len = std::min(window, total - w0);
-    pack(input(options_.rank), w0, len);
+    pack(input(options_.rank, parity_), w0, len);
     arrive_and_wait(Clock::now() + options_.timeout);
-    // This rank's share, in whole cache lines so that no two ranks write one line.
-    const size_t share = round_up((len + n - 1) / n, kLine / elem);
-    const size_t p0 = std::min(len, share * options_.rank) + w0;
-    const size_t p1 = std::min(len, share * (options_.rank + 1)) + w0;
-    char* out = output(parity_);
-    for (int k = 0; k < n; ++k) in[k] = input(k);
-    auto it = std::upper_bound(runs_.begin(), runs_.end(), p0,
-                               [](size_t v, const Run& run) { return v < run.begin; });
-    if (it != runs_.begin()) --it;
-    for (; it != runs_.end() && it->begin < p1; ++it) {
-      const size_t b = std::max(p0, it->begin), e = std::min(p1, it->begin + it->count);
-      if (b < e) sum_owned(dtype, out, in, n, it->owner, b - w0, e - w0);
-    }
-    arrive_and_wait(Clock::now() + options_.timeout);
-    unpack(out, w0, len);
+    for (int k = 0; k < n; ++k) in[k] = input(k, parity_);
+    consume(in, w0, len);
     parity_ ^= 1;
+  }
+}
+
+// Calls fn(run, b, e) for the part [b, e) of each run of runs_ inside [b0, e0).
+template <class Fn>
+void ShmTransport::each_run(size_t b0, size_t e0, Fn&& fn) const {
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), b0,
+                             [](size_t v, const Run& run) { return v < run.begin; });
+  if (it != runs_.begin()) --it;
+  for (; it != runs_.end() && it->begin < e0; ++it) {
+    const size_t b = std::max(b0, it->begin), e = std::min(e0, it->begin + it->count);
+    if (b < e) fn(*it, b, e);
   }
 }
 
@@ -451,29 +454,36 @@ void ShmTransport::all_reduce(std::span<const Segment> segments, DType dtype, si
     const size_t e = o == n - 1 ? count : std::min(count, b + chunk);
     runs_.push_back({b, e - b, o});
   }
-  // Segments overlapping [w0, w0 + len): fn(segment bytes at the overlap, window offset, count).
+  // Segments overlapping [w0, w0 + len): fn(segment bytes at the overlap, stream offset, count).
   auto each = [&](size_t w0, size_t len, auto&& fn) {
     size_t k = std::upper_bound(starts_.begin(), starts_.end(), w0) - starts_.begin();
     if (k > 0) --k;
     for (; k < segments.size() && starts_[k] < w0 + len; ++k) {
       const size_t b = std::max(w0, starts_[k]);
       const size_t e = std::min(w0 + len, starts_[k] + segments[k].count);
-      if (b < e) fn(static_cast<char*>(segments[k].data) + (b - starts_[k]) * elem, b - w0, e - b);
+      if (b < e) fn(static_cast<char*>(segments[k].data) + (b - starts_[k]) * elem, b, e - b);
     }
   };
-  reduce(
-      dtype, count,
+  windows(
+      count, region_bytes_ / elem,
       [&](char* dst, size_t w0, size_t len) {
-        each(w0, len,
-             [&](char* p, size_t at, size_t c) { std::memcpy(dst + at * elem, p, c * elem); });
+        each(w0, len, [&](char* p, size_t at, size_t c) {
+          std::memcpy(dst + (at - w0) * elem, p, c * elem);
+        });
       },
-      [&](const char* src, size_t w0, size_t len) {
-        each(w0, len,
-             [&](char* p, size_t at, size_t c) { std::memcpy(p, src + at * elem, c * elem); });
+      [&](const char* const* in, size_t w0, size_t len) {
+        // Every rank sums the whole window straight into its tensors, each element in its
+        // owner's order: the same bits everywhere, and no second copy.
+        each(w0, len, [&](char* p, size_t at, size_t c) {
+          each_run(at, at + c, [&](const Run& run, size_t b, size_t e) {
+            sum_owned(dtype, p + (b - at) * elem, in, n, run.owner, (b - w0) * elem, e - b);
+          });
+        });
       });
 }
 
 void ShmTransport::all_reduce_in_order(std::span<const OrderedPiece> pieces, DType dtype) {
+  const int n = options_.world_size;
   const size_t elem = dtype_size(dtype);
   runs_.clear();
   size_t total = 0;
@@ -481,32 +491,26 @@ void ShmTransport::all_reduce_in_order(std::span<const OrderedPiece> pieces, DTy
     runs_.push_back({total, p.count, p.owner});
     total += p.count;
   }
-  // Pieces overlapping [w0, w0 + len), with the overlap's bounds in the piece.
-  auto each = [&](size_t w0, size_t len, auto&& fn) {
-    auto it = std::upper_bound(runs_.begin(), runs_.end(), w0,
-                               [](size_t v, const Run& run) { return v < run.begin; });
-    if (it != runs_.begin()) --it;
-    for (; it != runs_.end() && it->begin < w0 + len; ++it) {
-      const size_t b = std::max(w0, it->begin), e = std::min(w0 + len, it->begin + it->count);
-      if (b < e) fn(pieces[it - runs_.begin()], b - it->begin, e - b, b - w0);
-    }
-  };
   const int me = options_.rank;
-  reduce(
-      dtype, total,
+  windows(
+      total, region_bytes_ / elem,
       [&](char* dst, size_t w0, size_t len) {
-        each(w0, len, [&](const OrderedPiece& p, size_t at, size_t count, size_t to) {
+        each_run(w0, w0 + len, [&](const Run& run, size_t b, size_t e) {
+          const OrderedPiece& p = pieces[&run - runs_.data()];
           if (p.src == nullptr) {
-            std::memset(dst + to * elem, 0, count * elem);
+            std::memset(dst + (b - w0) * elem, 0, (e - b) * elem);
           } else {
-            std::memcpy(dst + to * elem, static_cast<const char*>(p.src) + at * elem, count * elem);
+            std::memcpy(dst + (b - w0) * elem,
+                        static_cast<const char*>(p.src) + (b - run.begin) * elem, (e - b) * elem);
           }
         });
       },
-      [&](const char* src, size_t w0, size_t len) {
-        each(w0, len, [&](const OrderedPiece& p, size_t at, size_t count, size_t from) {
-          if (p.keep >= 0 && p.keep != me) return;
-          std::memcpy(static_cast<char*>(p.dst) + at * elem, src + from * elem, count * elem);
+      [&](const char* const* in, size_t w0, size_t len) {
+        each_run(w0, w0 + len, [&](const Run& run, size_t b, size_t e) {
+          const OrderedPiece& p = pieces[&run - runs_.data()];
+          if (p.keep >= 0 && p.keep != me) return;  // another worker's: not even summed here
+          sum_owned(dtype, static_cast<char*>(p.dst) + (b - run.begin) * elem, in, n, run.owner,
+                    (b - w0) * elem, e - b);
         });
       });
 }
@@ -518,29 +522,33 @@ void ShmTransport::all_gather_v(const void* local, void* out,
   for (size_t b : bytes_per_rank) largest = std::max(largest, b);
   auto* dst = static_cast<char*>(out);
   const auto* mine = static_cast<const char*>(local);
-  for (size_t w0 = 0; w0 < largest; w0 += region_bytes_) {
-    const size_t own = bytes_per_rank[options_.rank];
-    if (w0 < own) std::memcpy(input(options_.rank), mine + w0, std::min(region_bytes_, own - w0));
-    arrive_and_wait(Clock::now() + options_.timeout);
-    size_t offset = 0;
-    for (int k = 0; k < n; ++k) {
-      const size_t b = bytes_per_rank[k];
-      if (w0 < b) std::memcpy(dst + offset + w0, input(k), std::min(region_bytes_, b - w0));
-      offset += b;
-    }
-    arrive_and_wait(Clock::now() + options_.timeout);  // inputs are refilled next window
-  }
+  const size_t own = bytes_per_rank[options_.rank];
+  windows(
+      largest, region_bytes_,
+      [&](char* region, size_t w0, size_t len) {
+        if (w0 < own) std::memcpy(region, mine + w0, std::min(len, own - w0));
+      },
+      [&](const char* const* in, size_t w0, size_t len) {
+        size_t offset = 0;
+        for (int k = 0; k < n; ++k) {
+          const size_t b = bytes_per_rank[k];
+          if (w0 < b) std::memcpy(dst + offset + w0, in[k], std::min(len, b - w0));
+          offset += b;
+        }
+      });
 }
 
 void ShmTransport::broadcast(void* data, size_t bytes, int root) {
   auto* p = static_cast<char*>(data);
-  for (size_t w0 = 0; w0 < bytes; w0 += region_bytes_) {
-    const size_t len = std::min(region_bytes_, bytes - w0);
-    if (options_.rank == root) std::memcpy(input(root), p + w0, len);
-    arrive_and_wait(Clock::now() + options_.timeout);
-    if (options_.rank != root) std::memcpy(p + w0, input(root), len);
-    arrive_and_wait(Clock::now() + options_.timeout);
-  }
+  const bool is_root = options_.rank == root;
+  windows(
+      bytes, region_bytes_,
+      [&](char* region, size_t w0, size_t len) {
+        if (is_root) std::memcpy(region, p + w0, len);
+      },
+      [&](const char* const* in, size_t w0, size_t len) {
+        if (!is_root) std::memcpy(p + w0, in[root], len);
+      });
 }
 
 }  // namespace dtrain::distribute

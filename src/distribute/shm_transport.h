@@ -1,9 +1,9 @@
 // Private to distribute: collectives over one POSIX shared-memory segment for a generation whose
-// workers all share this host's /dev/shm (docs/distributed.md, "Performance"). Every rank has an
-// input region; the ranks split each window of a reduction between them, each summing its part in
-// the ring order of the element's owner (so the bits are Gloo's), into one of two alternating
-// output regions; futex-backed counters order the phases. A peer that exits (seen through a
-// pidfd) or gives up (a flag in the segment) fails every survivor's wait with ShmPeerError.
+// workers all share this host's /dev/shm (docs/distributed.md, "Performance"). Every rank has two
+// input regions (alternating windows); each rank copies its window in, and after one barrier sums
+// every rank's window straight into its own tensors, each element in the ring order of its owner
+// (so the bits are Gloo's); futex-backed counters are the barriers. A peer that exits (seen through
+// a pidfd) or gives up (a flag in the segment) fails every survivor's wait with ShmPeerError.
 #pragma once
 
 #include <chrono>
@@ -92,10 +92,11 @@ class ShmTransport {
   void wait_for(int peer, uint32_t epoch, Clock::time_point deadline);
   void check_peers();
   [[noreturn]] void throw_left(int peer);
-  char* input(int r) const;
-  char* output(int parity) const;
-  template <class Pack, class Unpack>
-  void reduce(DType dtype, size_t total, Pack&& pack, Unpack&& unpack);
+  char* input(int r, int parity) const;
+  template <class Pack, class Consume>
+  void windows(size_t total, size_t window, Pack&& pack, Consume&& consume);
+  template <class Fn>
+  void each_run(size_t b0, size_t e0, Fn&& fn) const;
 
   ShmOptions options_;
   std::string name_;
@@ -105,7 +106,7 @@ class ShmTransport {
   size_t region_bytes_ = 0;
   Header* header_ = nullptr;
   uint32_t epoch_ = 0;       // barriers passed; the same on every rank
-  int parity_ = 0;           // which output region the next reduction window writes
+  int parity_ = 0;           // which input regions the next window uses
   std::vector<int> pidfds_;  // per rank; -1 for this process and where pidfd_open failed
   std::vector<int64_t> pids_;
   std::vector<Run> runs_;

@@ -196,13 +196,12 @@ Collectives::~Collectives() {
   // Graceful shutdown: a worker that finished its part of the last collective early (old-style
   // algorithms finish at different times on different ranks) must not close its pairs while a
   // peer is still exchanging with it. Skipped after a failure; bounded by 10 s.
-  if (!impl_ || !impl_->context || impl_->broken) return;
+  // Over shared memory there is nothing to protect: a peer still reading this worker's last
+  // window keeps the segment mapped, and the "left" flag the transport sets when it goes fails
+  // only a peer that waits for this worker in a later collective. A barrier here could even pair
+  // with a peer's all-reduce (a worker leaving after an error of its own) and hand it stale data.
+  if (!impl_ || !impl_->context || impl_->broken || impl_->shm) return;
   try {
-    if (impl_->shm) {
-      impl_->shm->barrier(
-          std::min<std::chrono::milliseconds>(impl_->options.timeout, std::chrono::seconds(10)));
-      return;
-    }
     gloo::BarrierOptions opts(impl_->context);
     opts.setTimeout(
         std::min<std::chrono::milliseconds>(impl_->options.timeout, std::chrono::seconds(10)));

@@ -79,11 +79,13 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
-std::string pid_namespace() {
+std::string namespace_of(const char* link) {
   char buf[128] = {};
-  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  const ssize_t n = readlink(link, buf, sizeof(buf) - 1);
   return n > 0 ? std::string(buf, n) : std::string();
 }
+
+std::string pid_namespace() { return namespace_of("/proc/self/ns/pid"); }
 
 // Digits of "pid:[4026531836]", for segment names.
 std::string namespace_digits(const std::string& ns) {
@@ -95,14 +97,17 @@ std::string namespace_digits(const std::string& ns) {
 }
 
 // What must match for two processes to share a segment and see each other's pids: the boot,
-// the pid namespace and the /dev/shm mount (device and inode).
+// the pid namespace and the /dev/shm mount (device and inode). The network namespace too: workers
+// in separate ones are hosts as far as the job is told (the netns test clusters), so they keep
+// the network between them.
 std::string host_identity() {
   struct stat st {};
   const bool shm_ok = stat("/dev/shm", &st) == 0;
   const std::string boot = read_first_line("/proc/sys/kernel/random/boot_id");
   const std::string ns = pid_namespace();
+  const std::string net = namespace_of("/proc/self/ns/net");
   if (!shm_ok || boot.empty() || ns.empty()) return "";
-  return str_cat(boot, "/", ns, "/", static_cast<uint64_t>(st.st_dev), ":",
+  return str_cat(boot, "/", ns, "/", net, "/", static_cast<uint64_t>(st.st_dev), ":",
                  static_cast<uint64_t>(st.st_ino));
 }
 

@@ -39,10 +39,10 @@ struct CollectiveOptions {
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
   std::string run_id = "default";                    // see RendezvousOptions
   std::optional<int64_t> generation = std::nullopt;  // see RendezvousOptions
-  // When every worker of the generation is on this host (same boot, pid namespace and /dev/shm),
-  // all_reduce, all_reduce_in_order, all_gather(_v), broadcast and barrier run over one
-  // shared-memory segment instead of TCP, with the same bits (docs/distributed.md). Every worker
-  // must agree; one that says no (or DTRAIN_SHM_COLLECTIVES=0 in its environment) keeps the whole
+  // When every worker of the generation is on this host (same boot, pid and network namespaces,
+  // and /dev/shm), all_reduce, all_reduce_in_order, all_gather(_v), broadcast and barrier run
+  // over one shared-memory segment instead of TCP, with the same bits (docs/distributed.md). A
+  // worker that says no (or has DTRAIN_SHM_COLLECTIVES=0 in its environment) keeps the whole
   // generation on Gloo.
   bool shared_memory = true;
 };

@@ -9,6 +9,8 @@
 # shared, so the plain multi-worker run and the one-process batch-64 run also report their CPU time
 # (user + system of all processes, from /usr/bin/time, data loading included), and a profiled run
 # (--profile-steps) their step-time split per worker (compute, communication, waiting, other).
+# The workers share this host, so their collectives run over shared memory; the plain run is
+# repeated over Gloo's loopback TCP (DTRAIN_SHM_COLLECTIVES=0) for comparison, with its CPU time.
 # Usage: bench/multi_worker_epoch.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,12 +58,17 @@ print("compute %.3f ms, communication %.3f ms, waiting %.3f ms, other %.3f ms, s
                                    "other_seconds", "step_seconds")))'
 }
 
-mw=() mwo=() mwz1=() mwz2=() ddp=() ddpf=() m1=() m2=() mwcpu=() m1cpu=()
+mwg=() mwgcpu=() mw=() mwo=() mwz1=() mwz2=() ddp=() ddpf=() m1=() m2=() mwcpu=() m1cpu=()
 for r in $(seq "$rounds"); do
   cpu "$tmp/mw.$r" "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
     --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 > "$tmp/mw.$r" 2>&1
   mw+=("$(dtrain_epoch "$tmp/mw.$r")")
   mwcpu+=("$(cat "$tmp/mw.$r.cpus")")
+  DTRAIN_SHM_COLLECTIVES=0 cpu "$tmp/mwg.$r" "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit \
+    --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 \
+    > "$tmp/mwg.$r" 2>&1
+  mwg+=("$(dtrain_epoch "$tmp/mwg.$r")")
+  mwgcpu+=("$(cat "$tmp/mwg.$r.cpus")")
   "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs "$epochs" \
     --batch-size 64 --seed 0 --verbose 2 --overlap-gradients --bucket-cap-mb 0.25 > "$tmp/mwo.$r" 2>&1
   mwo+=("$(dtrain_epoch "$tmp/mwo.$r")")
@@ -98,6 +105,7 @@ if [[ -x "$floor" ]]; then
   echo "OpenBLAS: kernels $(get openblas_core "$tmp/floor"); $(sed -n 's/^openblas_config //p' "$tmp/floor")"
 fi
 printf '%-52s %10s\n' "2 workers x 32, MultiWorkerMirrored (s/epoch)" "$(median "${mw[@]}")"
+printf '%-52s %10s\n' "  ... over Gloo TCP (DTRAIN_SHM_COLLECTIVES=0)" "$(median "${mwg[@]}")"
 printf '%-52s %10s\n' "  ... --overlap-gradients --bucket-cap-mb 0.25" "$(median "${mwo[@]}")"
 printf '%-52s %10s\n' "  ... --shard-optimizer-state 1" "$(median "${mwz1[@]}")"
 printf '%-52s %10s\n' "  ... --shard-optimizer-state 2" "$(median "${mwz2[@]}")"
@@ -106,6 +114,7 @@ printf '%-52s %10s\n' "2 workers x 32, DDP + set_flush_denormal (s/epoch)" "$(me
 printf '%-52s %10s\n' "MirroredStrategy 1 replica, batch 64 (s/epoch)" "$(median "${m1[@]}")"
 printf '%-52s %10s\n' "MirroredStrategy 2 replicas, batch 64 (s/epoch)" "$(median "${m2[@]}")"
 printf '%-52s %10s\n' "  CPU s (user + sys, all processes, whole run)" "$(median "${mwcpu[@]}")"
+printf '%-52s %10s\n' "  2 workers over Gloo TCP: CPU s" "$(median "${mwgcpu[@]}")"
 printf '%-52s %10s\n' "  MirroredStrategy 1 replica, batch 64: CPU s" "$(median "${m1cpu[@]}")"
 echo "step split, 2 workers x 32, worker 0: $(split "$tmp/tb_mw" worker_0)"
 echo "step split, 2 workers x 32, worker 1: $(split "$tmp/tb_mw" worker_1)"

@@ -1,18 +1,15 @@
 // Collectives over Gloo: rendezvous, a full mesh of TCP pairs, bucketed all-reduce with
-// persistent buckets, and the mapping of Gloo's exceptions to dtrain's error codes.
+// persistent buckets, and the mapping of Gloo's exceptions to dtrain's error codes; the
+// shared-memory transport (shm_transport.h) takes the collectives over when every worker is on
+// this host.
 #include "dtrain/distribute/collectives.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
-#include <gloo/allreduce.h>
-#include <gloo/allreduce_halving_doubling.h>
-#include <gloo/allreduce_ring.h>
-#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
@@ -23,8 +20,10 @@
 #include <unordered_map>
 
 #include "dtrain/core/error.h"
+#include "gloo_all_reduce.h"
 #include "gloo_store.h"
 #include "ordered_all_reduce.h"
+#include "shm_transport.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -40,87 +39,6 @@ constexpr size_t kSyncPairBytes = size_t{512} << 10;
 
 bool supported_reduce_dtype(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64;
-}
-
-// A persistent buffer (tensors packed back to back) and the old-style algorithm bound to it.
-struct Bucket {
-  std::vector<double> storage;  // 8-byte aligned bytes
-  DType dtype = DType::kInvalid;
-  size_t count = 0;
-  AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
-  std::unique_ptr<gloo::Algorithm> algo;  // bound to (storage.data(), count, dtype)
-  const void* algo_ptr = nullptr;
-
-  void* data() { return storage.data(); }
-  void reserve_bytes(size_t n) {
-    const size_t words = (n + 7) / 8;
-    if (storage.size() < words) {
-      storage.resize(words);
-      algo.reset();  // storage moved
-    }
-  }
-};
-
-template <class T>
-std::unique_ptr<gloo::Algorithm> make_old_style(const std::shared_ptr<gloo::Context>& ctx,
-                                                AllreduceAlgorithm a, void* ptr, size_t count) {
-  std::vector<T*> ptrs{static_cast<T*>(ptr)};
-  const int n = static_cast<int>(count);
-  switch (a) {
-    case AllreduceAlgorithm::kRing:
-      return std::make_unique<gloo::AllreduceRing<T>>(ctx, ptrs, n);
-    case AllreduceAlgorithm::kRingChunked:
-      return std::make_unique<gloo::AllreduceRingChunked<T>>(ctx, ptrs, n);
-    case AllreduceAlgorithm::kHalvingDoubling:
-      return std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx, ptrs, n);
-    default:
-      DTRAIN_INTERNAL_CHECK(false, "not an old-style algorithm");
-  }
-}
-
-std::unique_ptr<gloo::Algorithm> make_old_style(const std::shared_ptr<gloo::Context>& ctx,
-                                                AllreduceAlgorithm a, DType d, void* ptr,
-                                                size_t count) {
-  switch (d) {
-    case DType::kFloat32:
-      return make_old_style<float>(ctx, a, ptr, count);
-    case DType::kFloat64:
-      return make_old_style<double>(ctx, a, ptr, count);
-    case DType::kInt32:
-      return make_old_style<int32_t>(ctx, a, ptr, count);
-    case DType::kInt64:
-      return make_old_style<int64_t>(ctx, a, ptr, count);
-    default:
-      DTRAIN_INTERNAL_CHECK(false, "unsupported dtype");
-  }
-}
-
-using ReduceFn = void (*)(void*, const void*, const void*, size_t);
-
-template <class T>
-void new_style_allreduce(const std::shared_ptr<gloo::Context>& ctx, void* ptr, size_t count,
-                         std::chrono::milliseconds timeout) {
-  gloo::AllreduceOptions opts(ctx);
-  opts.setOutput(static_cast<T*>(ptr), count);
-  opts.setReduceFunction(static_cast<ReduceFn>(&gloo::sum<T>));
-  opts.setTimeout(timeout);
-  gloo::allreduce(opts);
-}
-
-void new_style_allreduce(const std::shared_ptr<gloo::Context>& ctx, DType d, void* ptr,
-                         size_t count, std::chrono::milliseconds timeout) {
-  switch (d) {
-    case DType::kFloat32:
-      return new_style_allreduce<float>(ctx, ptr, count, timeout);
-    case DType::kFloat64:
-      return new_style_allreduce<double>(ctx, ptr, count, timeout);
-    case DType::kInt32:
-      return new_style_allreduce<int32_t>(ctx, ptr, count, timeout);
-    case DType::kInt64:
-      return new_style_allreduce<int64_t>(ctx, ptr, count, timeout);
-    default:
-      DTRAIN_INTERNAL_CHECK(false, "unsupported dtype");
-  }
 }
 
 void scale(void* ptr, DType d, size_t count, double factor) {
@@ -158,6 +76,9 @@ struct Collectives::Impl {
   std::vector<Bucket> buckets;
   Bucket scalar_bucket;
   std::vector<OrderedBuffer> ordered;
+  // Every worker on this host: the collectives run here instead (null otherwise).
+  std::unique_ptr<ShmTransport> shm;
+  std::vector<ShmTransport::Segment> segments;  // all_reduce's bucket, without the copy
   bool broken = false;
 
   std::string peers_text() const {
@@ -184,15 +105,17 @@ struct Collectives::Impl {
     return s;
   }
 
-  [[noreturn]] void fail(const char* what, const std::string& message) {
+  [[noreturn]] void fail(const char* what, const std::string& message,
+                         const std::string& suspect = "", bool timed_out = false) {
     broken = true;
+    if (shm) shm->abort();  // peers waiting on this worker fail now, as on a closed TCP pair
     const std::string where = str_cat(what, " on rank ", options.rank, " of ", options.world_size,
                                       " (generation ", generation, ")");
-    const std::string who = suspects(message);
+    const std::string who = suspect.empty() ? suspects(message) : suspect;
     const std::string tail =
         str_cat(". Workers: ", peers_text(),
                 ". This collective context is unusable now; rebuild it with a new rendezvous.");
-    if (is_timeout_message(message)) {
+    if (timed_out || is_timeout_message(message)) {
       throw DeadlineExceededError(
           str_cat(where, " timed out after ", options.timeout.count(), " ms waiting for a peer",
                   who.empty() ? "" : " (" + who + ")", ": ", message, tail));
@@ -213,6 +136,8 @@ struct Collectives::Impl {
       f();
     } catch (const dtrain::Error&) {
       throw;
+    } catch (const ShmPeerError& e) {
+      fail(what, e.what(), str_cat("rank ", e.peer), e.timed_out);
     } catch (const gloo::IoException& e) {
       fail(what, e.what());
     } catch (const gloo::Exception& e) {
@@ -231,6 +156,10 @@ struct Collectives::Impl {
   // All-reduces `count` elements at `ptr`; `bucket` is the persistent state when `ptr` is its
   // storage (old-style algorithms are bound to a buffer), or null for an in-place buffer.
   void reduce_buffer(Bucket* bucket, void* ptr, DType d, size_t count) {
+    if (shm) {
+      const ShmTransport::Segment whole{ptr, count};
+      return shm_reduce({&whole, 1}, d, count);
+    }
     const AllreduceAlgorithm a = choose(count * dtype_size(d));
     if (a == AllreduceAlgorithm::kReduceScatter) {
       new_style_allreduce(context, d, ptr, count, options.timeout);
@@ -250,6 +179,13 @@ struct Collectives::Impl {
     bucket->algo->run();
   }
 
+  // The shared-memory all-reduce of `count` elements in `segments`, taken as one buffer: Gloo's
+  // ring order of additions, chunk by chunk (see summation_order).
+  void shm_reduce(std::span<const ShmTransport::Segment> segments, DType d, size_t count) {
+    const size_t elem = dtype_size(d);
+    shm->all_reduce(segments, d, ring_chunk_elements(count * elem, elem, options.world_size));
+  }
+
   bool in_place_ok(size_t bytes) const {
     return choose(bytes) == AllreduceAlgorithm::kReduceScatter;
   }
@@ -260,7 +196,11 @@ Collectives::~Collectives() {
   // Graceful shutdown: a worker that finished its part of the last collective early (old-style
   // algorithms finish at different times on different ranks) must not close its pairs while a
   // peer is still exchanging with it. Skipped after a failure; bounded by 10 s.
-  if (!impl_ || !impl_->context || impl_->broken) return;
+  // Over shared memory there is nothing to protect: a peer still reading this worker's last
+  // window keeps the segment mapped, and the "left" flag the transport sets when it goes fails
+  // only a peer that waits for this worker in a later collective. A barrier here could even pair
+  // with a peer's all-reduce (a worker leaving after an error of its own) and hand it stale data.
+  if (!impl_ || !impl_->context || impl_->broken || impl_->shm) return;
   try {
     gloo::BarrierOptions opts(impl_->context);
     opts.setTimeout(
@@ -314,7 +254,25 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
       gloo::BarrierOptions barrier(impl->context);
       barrier.setTimeout(options.timeout);
       gloo::barrier(barrier);
-      if (options.world_size == 2 && std::getenv("DTRAIN_GLOO_NO_BUSY_POLL") == nullptr) {
+      const char* shm_env = std::getenv("DTRAIN_SHM_COLLECTIVES");
+      const AllreduceAlgorithm a = options.algorithm;
+      // An old-style algorithm with three workers or more sums in an order of its own.
+      const bool same_order = options.world_size == 2 || a == AllreduceAlgorithm::kAuto ||
+                              a == AllreduceAlgorithm::kReduceScatter;
+      std::string why_not;
+      impl->shm =
+          ShmTransport::connect(*rdzv.store,
+                                {.rank = options.rank,
+                                 .world_size = options.world_size,
+                                 .enabled = options.shared_memory && same_order &&
+                                            !(shm_env != nullptr && std::string(shm_env) == "0"),
+                                 .region_bytes = options.bucket_bytes,
+                                 .run_id = options.run_id,
+                                 .generation = rdzv.generation,
+                                 .timeout = options.timeout},
+                                &why_not);
+      if (!impl->shm && options.world_size == 2 &&
+          std::getenv("DTRAIN_GLOO_NO_BUSY_POLL") == nullptr) {
         impl->sync_context =
             std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
         impl->sync_context->setTimeout(options.timeout);
@@ -345,6 +303,7 @@ int Collectives::size() const { return impl_->options.world_size; }
 int64_t Collectives::generation() const { return impl_->generation; }
 const std::vector<PeerInfo>& Collectives::peers() const { return impl_->peers; }
 bool Collectives::broken() const { return impl_->broken; }
+bool Collectives::uses_shared_memory() const { return impl_->shm != nullptr; }
 
 void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
   for (const Tensor& t : tensors) {
@@ -378,6 +337,19 @@ void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
              !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
         total += tensors[j].nbytes();
         ++j;
+      }
+      if (m.shm) {  // the same bucket, summed straight from and into the tensors
+        m.segments.clear();
+        for (size_t k = i; k < j; ++k) {
+          m.segments.push_back(
+              {tensors[k].raw_data(), static_cast<size_t>(tensors[k].num_elements())});
+        }
+        m.shm_reduce(m.segments, d, total / dtype_size(d));
+        for (size_t k = i; k < j; ++k) {
+          if (factor != 1.0) scale(tensors[k].raw_data(), d, tensors[k].num_elements(), factor);
+        }
+        i = j;
+        continue;
       }
       if (m.buckets.size() <= bucket_index) m.buckets.resize(bucket_index + 1);
       Bucket& b = m.buckets[bucket_index++];
@@ -480,6 +452,7 @@ void Collectives::all_reduce_in_order(std::span<const OrderedPiece> pieces, DTyp
   }
   Impl& m = *impl_;
   m.guarded("all_reduce_in_order", [&] {
+    if (m.shm) return m.shm->all_reduce_in_order(pieces, dtype);
     if (m.ordered.size() <= buffer) m.ordered.resize(buffer + 1);
     ordered_ring_all_reduce(*m.context, pieces, dtype, m.ordered[buffer], m.options.timeout);
   });
@@ -505,6 +478,7 @@ void Collectives::broadcast(std::span<Tensor> tensors, int root) {
   Impl& m = *impl_;
   m.guarded("broadcast", [&] {
     auto run = [&](void* ptr, size_t bytes) {
+      if (m.shm) return m.shm->broadcast(ptr, bytes, root);
       gloo::BroadcastOptions opts(m.context);
       opts.setOutput(static_cast<uint8_t*>(ptr), bytes);
       opts.setRoot(root);
@@ -558,6 +532,10 @@ void Collectives::all_gather(const Tensor& local, Tensor& out) {
   }
   Impl& m = *impl_;
   m.guarded("all_gather", [&] {
+    if (m.shm) {
+      const std::vector<size_t> bytes(size(), local.nbytes());
+      return m.shm->all_gather_v(local.raw_data(), out.raw_data(), bytes);
+    }
     gloo::AllgatherOptions opts(m.context);
     opts.setInput(static_cast<uint8_t*>(const_cast<void*>(local.raw_data())), local.nbytes());
     opts.setOutput(static_cast<uint8_t*>(out.raw_data()), out.nbytes());
@@ -579,6 +557,7 @@ void Collectives::all_gather_v(const void* local, void* out,
   if (total == 0) return;
   Impl& m = *impl_;
   m.guarded("all_gather_v", [&] {
+    if (m.shm) return m.shm->all_gather_v(local, out, bytes_per_rank);
     gloo::AllgathervOptions opts(m.context);
     opts.setInput(static_cast<uint8_t*>(const_cast<void*>(local)), bytes_per_rank[rank()]);
     opts.setOutput(static_cast<uint8_t*>(out),
@@ -592,6 +571,7 @@ void Collectives::barrier() {
   if (size() == 1) return;
   Impl& m = *impl_;
   m.guarded("barrier", [&] {
+    if (m.shm) return m.shm->barrier();
     gloo::BarrierOptions opts(m.context);
     opts.setTimeout(m.options.timeout);
     gloo::barrier(opts);

@@ -112,7 +112,7 @@ TEST(CollectivesTest, SyncPairRingCompletesUpToItsLargestBuffer) {
                   for (int round = 0; round < 3; ++round) c.all_reduce(ts, ReduceOp::kSum);
                   results[rank] = ts[0].to_vector<float>();
                 },
-                {.timeout = 20s});
+                {.timeout = 20s, .shared_memory = false});  // the Gloo pairs
       ASSERT_EQ(results[0].size(), static_cast<size_t>(n));
       EXPECT_EQ(results[0], results[1]) << n << " busy poll " << busy_poll;
       // Three rounds of (v0 + v1): 4 × (v0 + v1) after the second and third doublings.

@@ -1,5 +1,6 @@
-// Collectives across worker processes over Gloo's TCP transport: all-reduce (bucketed),
-// broadcast, all-gather and barrier, each bounded by a timeout. A Collectives object is one
+// Collectives across worker processes over Gloo's TCP transport, or over shared memory when
+// every worker is on one host: all-reduce (bucketed), broadcast, all-gather and barrier, each
+// bounded by a timeout. A Collectives object is one
 // Gloo context built from a rendezvous; after any failure it is unusable ("broken") and a new
 // one must be built from a fresh rendezvous generation. Thread-compatible: call from one
 // thread at a time; every worker must issue the same collectives in the same order.
@@ -38,6 +39,12 @@ struct CollectiveOptions {
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto;
   std::string run_id = "default";                    // see RendezvousOptions
   std::optional<int64_t> generation = std::nullopt;  // see RendezvousOptions
+  // When every worker of the generation is on this host (same boot, pid and network namespaces,
+  // and /dev/shm), all_reduce, all_reduce_in_order, all_gather(_v), broadcast and barrier run
+  // over one shared-memory segment instead of TCP, with the same bits (docs/distributed.md). A
+  // worker that says no (or has DTRAIN_SHM_COLLECTIVES=0 in its environment) keeps the whole
+  // generation on Gloo.
+  bool shared_memory = true;
 };
 
 // Elements [begin, end) of one tensor that an all-reduce sums in ring order ending on rank
@@ -84,6 +91,8 @@ class Collectives {
   const std::vector<PeerInfo>& peers() const;
   // True after a collective failed; every later call throws FailedPreconditionError.
   bool broken() const;
+  // True when the collectives run over shared memory (see CollectiveOptions::shared_memory).
+  bool uses_shared_memory() const;
 
   // Reduces `tensors` element-wise across workers in place. Tensors (float32, float64, int32 or
   // int64) are packed in order into buckets of up to bucket_bytes of one dtype; the bucket

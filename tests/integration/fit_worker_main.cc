@@ -7,12 +7,15 @@
 //              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
 //              [--sharded-checkpoints 1] [--exit-at-epoch E] [--report-progress 1]
 //              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
+//              [--standby-delay-ms M]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
 // backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
 // --report-progress 1: under dtrain launch, report steps and heartbeats to the launcher
 // (fault::install_progress_reporter), as the dtrain binary does.
+// As a hot spare (dtrain launch --spares, DTRAIN_SPARE set), it makes its data and model, waits
+// for a rank (--standby-delay-ms M: after sleeping M ms, a slow start-up), then joins as that rank.
 // --input dataset: fit(dataset) on from_tensor_slices.shuffle.batch (every worker materialises the
 // global batches and keeps its rows) instead of fit(x, y) (per-worker input).
 // --rows-out FILE (MLP, one local replica): writes "epoch step hash" for every input row the
@@ -44,6 +47,7 @@
 #include "dtrain/nn/pooling.h"
 #include "dtrain/nn/reshaping.h"
 #include "dtrain/optim/adam.h"
+#include "dtrain/train/standby.h"
 #include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
 
@@ -116,28 +120,36 @@ struct Backup {
   int shard = 0;         // --shard-optimizer-state: ZeRO stage
   bool sharded = false;  // --sharded-checkpoints 1
   int64_t exit_at_epoch = -1;
-  bool dataset_input = false;  // --input dataset
-  std::string rows_out;        // --rows-out
-  std::string logdir;          // --logdir
-  int64_t profile_steps = 0;   // --profile-steps
+  bool dataset_input = false;    // --input dataset
+  std::string rows_out;          // --rows-out
+  std::string logdir;            // --logdir
+  int64_t profile_steps = 0;     // --profile-steps
+  int64_t standby_delay_ms = 0;  // --standby-delay-ms
+  bool report_progress = false;  // --report-progress 1
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
         const Backup& backup) {
   std::unique_ptr<distribute::Strategy> strategy;
-  if (mode == "mirrored") {
-    strategy = std::make_unique<distribute::MirroredStrategy>(replicas);
-  } else if (mode == "multi-worker") {
-    strategy = std::make_unique<distribute::MultiWorkerMirroredStrategy>(
-        distribute::MultiWorkerOptions{.overlap_gradients = backup.overlap_bucket_bytes > 0,
-                                       .overlap_bucket_bytes = backup.overlap_bucket_bytes,
-                                       .shard_optimizer_state = backup.shard,
-                                       .local_replicas = replicas});
-  } else if (mode != "single") {
-    throw InvalidArgumentError("unknown --mode " + mode);
-  }
   std::optional<distribute::Strategy::ScopeGuard> scope;
-  if (strategy) scope.emplace(strategy.get());
+  const auto enter_strategy = [&] {
+    if (mode == "mirrored") {
+      strategy = std::make_unique<distribute::MirroredStrategy>(replicas);
+    } else if (mode == "multi-worker") {
+      strategy = std::make_unique<distribute::MultiWorkerMirroredStrategy>(
+          distribute::MultiWorkerOptions{.overlap_gradients = backup.overlap_bucket_bytes > 0,
+                                         .overlap_bucket_bytes = backup.overlap_bucket_bytes,
+                                         .shard_optimizer_state = backup.shard,
+                                         .local_replicas = replicas});
+    } else if (mode != "single") {
+      throw InvalidArgumentError("unknown --mode " + mode);
+    }
+    if (strategy) scope.emplace(strategy.get());
+  };
+  // A hot spare (dtrain launch --spares) makes its data and model first and its strategy once it
+  // has a rank (train/standby.h).
+  const bool standby = train::is_standby();
+  if (!standby) enter_strategy();
   // Workers other than the chief start from different weights: the chief's broadcast must
   // make them equal.
   set_random_seed(strategy ? 11 + strategy->worker_rank() : 11);
@@ -193,6 +205,16 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
       {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
        .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
        .metrics = {"accuracy"}});
+  if (standby) {
+    // --standby-delay-ms: a spare whose start-up (say, its data load) takes this long.
+    std::this_thread::sleep_for(std::chrono::milliseconds(backup.standby_delay_ms));
+    train::await_standby_assignment();
+    if (backup.report_progress) {
+      fault::uninstall_progress_reporter();
+      fault::install_progress_reporter();
+    }
+    enter_strategy();
+  }
   std::vector<std::shared_ptr<train::Callback>> callbacks;
   if (backup.step_delay_us > 0) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(
@@ -316,6 +338,8 @@ int main(int argc, char** argv) {
       backup.profile_steps = std::atoll(v.c_str());
     else if (k == "--exit-at-epoch")
       backup.exit_at_epoch = std::atoll(v.c_str());
+    else if (k == "--standby-delay-ms")
+      backup.standby_delay_ms = std::atoll(v.c_str());
     else if (k == "--report-progress")
       report_progress = v == "1";
     else {
@@ -324,6 +348,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    backup.report_progress = report_progress;
     if (report_progress) fault::install_progress_reporter();
     return run(mode, out, replicas, epochs, verify_every, backup);
   } catch (const Error& e) {

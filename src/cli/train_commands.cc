@@ -380,8 +380,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
         chief = !strategy || strategy->is_chief();
         train_flags.verbose = chief ? verbose : 0;  // the chief reports for everyone
       };
-      // A hot spare (dtrain launch --spares) loads its data, builds and compiles its model, and
-      // only then waits for a rank: its strategy (the rendezvous) comes after the wait.
+      // A hot spare (dtrain launch --spares) loads its data and builds its model, and only then
+      // waits for a rank: its strategy (the rendezvous) and compile() come after the wait.
       const bool standby = train::is_standby();
       bool taken = false;
       const auto take_over = [&] {
@@ -418,13 +418,15 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
         }
       } else {
         d = load_data(data_flags, true);
-        // --arch resnet chooses its batch normalization by the strategy's replica count.
-        if (standby && model_flags.arch == "resnet") take_over();
+        // --arch resnet chooses its batch normalization by the strategy's replica count, and a
+        // model loaded with its optimizer is compiled as it loads.
+        if (standby && (model_flags.arch == "resnet" || !model_flags.model.empty())) take_over();
         model = make_model(model_flags, d);
         shape_inputs_for(*model, d);
       }
-      compile(*model, train_flags);
+      // compile() binds the model to the strategy in scope: a spare compiles once it has one.
       if (standby && !taken) take_over();
+      compile(*model, train_flags);
       if (train_flags.verbose != 0) model->summary();
       if (strategy && chief && train_flags.strategy != "parameter-server") {
         std::printf("%s: %d replicas in sync (%d workers x %d local)\n", strategy->name().c_str(),

@@ -201,10 +201,7 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     owned = std::move(seq);
   }
   nn::Model& model = *owned;
-  model.compile(
-      {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
-       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
-       .metrics = {"accuracy"}});
+  // compile() binds the model to the strategy in scope: a spare compiles once it has one.
   if (standby) {
     // --standby-delay-ms: a spare whose start-up (say, its data load) takes this long.
     std::this_thread::sleep_for(std::chrono::milliseconds(backup.standby_delay_ms));
@@ -215,6 +212,10 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     }
     enter_strategy();
   }
+  model.compile(
+      {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
+       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
+       .metrics = {"accuracy"}});
   std::vector<std::shared_ptr<train::Callback>> callbacks;
   if (backup.step_delay_us > 0) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(

@@ -96,9 +96,10 @@ class LaunchSpares : public ::testing::Test {
     if (!HasFailure()) std::system(("rm -rf " + dir_).c_str());
   }
 
-  Process start(int workers, int spares, const std::vector<std::string>& extra = {}) {
+  Process start(int workers, int spares, const std::vector<std::string>& extra = {},
+                const std::string& mode = "survivors") {
     return spawn(launcher(workers,
-                          {"--on-failure", "survivors", "--snapshot-every", "3", "--snapshot-root",
+                          {"--on-failure", mode, "--snapshot-every", "3", "--snapshot-root",
                            dir_ + "/shm", "--spares", std::to_string(spares)},
                           dir_ + "/events.jsonl", worker(dir_ + "/out.bin", true, extra)),
                  {}, dir_ + "/job.log");
@@ -330,6 +331,22 @@ TEST_F(LaunchSpares, NoSpareReadyFallsBackToARestart) {
   ASSERT_EQ(continued.size(), 2u) << log_tail(read_file(dir_ + "/job.log"));
   for (const auto& e : continued) EXPECT_FALSE(e.value("restarted", "").empty()) << e.dump();
   EXPECT_NE(read_file(dir_ + "/job.log").find("no spare stands by for rank"), std::string::npos);
+}
+
+// Under --on-failure restart-all every worker restarts, and the ready spare takes one of the
+// ranks (the other is a new process); the job still ends bitwise.
+TEST_F(LaunchSpares, RestartAllTakesTheReadySpare) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, 1, {}, "restart-all");
+  std::mt19937 rng(5);
+  const int kills = kill_rounds(p, 2, 1, 2, 1, rng, 100, 500);
+  ASSERT_EQ(kills, 2) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  EXPECT_EQ(taken_, kills) << log_tail(read_file(dir_ + "/job.log"));
+  const auto recovered = of_kind(all_events(), "recovered");
+  ASSERT_EQ(static_cast<int>(recovered.size()), kills);
+  for (const auto& e : recovered) EXPECT_EQ(e.value("spares", ""), "1") << e.dump();
 }
 
 // --spares is checked before anything starts, naming the flag.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"

@@ -9,10 +9,11 @@
 // data and builds its model, then calls await_standby_assignment() before it makes its strategy
 // and compiles (compile() binds the model to the strategy in scope): a spare blocks there (a
 // wait on the coordination service, no polling) until the launcher hands it a failed worker's
-// rank; the call then gives the process exactly the environment a restarted worker of that rank would get (rank, generation, DTRAIN_SNAPSHOT_DIR,
-// DTRAIN_SNAPSHOT_RESTORE, ...) and returns. The program goes on as that worker: it makes its
-// strategy (joining the new generation's collectives), and fit() restores the agreed snapshot
-// from the launcher's tmpfs, as a restarted worker does. Outside a spare, a no-op.
+// rank; the call then gives the process exactly the environment a restarted worker of that rank
+// would get (rank, generation, DTRAIN_SNAPSHOT_DIR, DTRAIN_SNAPSHOT_RESTORE, ...) and returns. The
+// program goes on as that worker: it makes its strategy (joining the new generation's collectives),
+// and fit() restores the agreed snapshot from the launcher's tmpfs, as a restarted worker does.
+// Outside a spare, a no-op.
 #pragma once
 
 #include <cstdint>

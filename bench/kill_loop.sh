@@ -5,7 +5,9 @@
 # reads the newest backup) and the memory path (--snapshot-every S: each restart takes the
 # snapshot its launcher holds), both restarting every worker (--on-failure restart-all), and
 # survivors (--on-failure survivors: only the killed worker restarts, the other rolls back to the
-# agreed snapshot in its own process). Goodput = uninterrupted wall time / wall time with kills;
+# agreed snapshot in its own process), and spares (survivors with --spares 1: a standby worker,
+# data loaded and model built, takes over the killed rank instead of a new process; the kills
+# pick workers only, never the standby spare). Goodput = uninterrupted wall time / wall time with kills;
 # recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it).
 # Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10] [max_kills=0: no cap]
 # (after scripts/build.sh). On a loaded machine, where a restart of every worker can take longer
@@ -22,22 +24,33 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap "${KEEP_TMP:+:} rm -rf \"\$tmp\"" EXIT
 
-# run NAME SNAPSHOT_EVERY KILL(0|1) [ON_FAILURE]: prints "seconds kills accuracy lost_steps
-# recovery_s"
+# The launcher's children that are workers: not a spare standing by (started, never taken over).
+workers_of() {
+  local launcher=$1 events=$2 standby taken
+  standby=$({ grep -E '"kind":"spare_started"' "$events" 2> /dev/null || true; } |
+    { grep -oE '"pid":[0-9]+' || true; } | cut -d: -f2 | sort)
+  taken=$({ grep -E '"kind":"spare_(takeover|lost)"' "$events" 2> /dev/null || true; } |
+    { grep -oE '"pid":[0-9]+' || true; } | cut -d: -f2 | sort)
+  standby=$(comm -23 <(echo "$standby") <(echo "$taken"))
+  comm -23 <(pgrep -P "$launcher" | sort || true) <(echo "$standby")
+}
+
+# run NAME SNAPSHOT_EVERY KILL(0|1) [ON_FAILURE [SPARES]]: prints "seconds kills accuracy
+# lost_steps recovery_s"
 run() {
-  local name=$1 snap=$2 kills_on=$3 mode=${4:-restart-all} dir="$tmp/$1"
+  local name=$1 snap=$2 kills_on=$3 mode=${4:-restart-all} spares=${5:-0} dir="$tmp/$1"
   mkdir -p "$dir"
   local start end
   start=$(date +%s.%N)
   "$dtrain" launch --nproc-per-node 2 --max-restarts 100 --grace-period 1 \
-    --snapshot-every "$snap" --on-failure "$mode" --event-log "$dir/events.jsonl" -- \
+    --snapshot-every "$snap" --on-failure "$mode" --spares "$spares" --event-log "$dir/events.jsonl" -- \
     "$dtrain" fit --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 \
     --verbose 2 --checkpoint-dir "$dir/ckpt" --checkpoint-every 50 --resume > "$dir/log" 2>&1 &
   local launcher=$! kills=0
   if [[ $kills_on == 1 ]]; then
     while kill -0 "$launcher" 2> /dev/null && ((max_kills == 0 || kills < max_kills)); do
       sleep "$period"
-      mapfile -t workers < <(pgrep -P "$launcher" || true)
+      mapfile -t workers < <(workers_of "$launcher" "$dir/events.jsonl" | grep . || true)
       ((${#workers[@]} > 0)) || continue
       kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
     done
@@ -59,6 +72,7 @@ read -r t0 _ a0 _ _ < <(run clean 0 0)
 read -r td kd ad ld rd < <(run disk 0 1)
 read -r tm km am lm rm < <(run memory "$every" 1)
 read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
+read -r tp kp ap lp rp < <(run spares "$every" 1 survivors 1)
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s$(
   ((max_kills > 0)) && echo ", at most $max_kills kills")"
 printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failure lost_steps \
@@ -66,7 +80,8 @@ printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failu
 printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "uninterrupted" "$t0" 0 "100.0%" - - - "$a0"
 for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad" \
   "memory (snapshots every $every)|$tm|$km|$lm|$rm|$am" \
-  "survivors (snapshots every $every)|$ts|$ks|$ls|$rs|$as"; do
+  "survivors (snapshots every $every)|$ts|$ks|$ls|$rs|$as" \
+  "spares (survivors + --spares 1)|$tp|$kp|$lp|$rp|$ap"; do
   IFS='|' read -r name t k l r a <<< "$row"
   printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s\n' "$name" "$t" "$k" \
     "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" \

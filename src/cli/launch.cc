@@ -115,6 +115,11 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
                   "workers restart, the others keep running and roll back to the newest "
                   "in-memory snapshot (one node, --snapshot-every > 0)")
       ->capture_default_str();
+  cmd->add_option("--spares", options.spares,
+                  "Hot spares: keep this many standby workers started (data loaded, model built, "
+                  "connected) that take over a failed rank at once (one node, "
+                  "--snapshot-every > 0; at most 64)")
+      ->capture_default_str();
   cmd->add_option("--snapshot-root", options.snapshot_root,
                   "Directory for the snapshots' tmpfs directory (default /dev/shm)");
   CLI::Option* ps =

@@ -17,6 +17,7 @@
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
+#include "dtrain/fault/progress_reporter.h"
 #include "dtrain/nn/convolutional.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/pooling.h"
@@ -24,6 +25,7 @@
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/backup_and_restore.h"
 #include "dtrain/train/saving.h"
+#include "dtrain/train/standby.h"
 #include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
 #include "flag_checks.h"
@@ -380,11 +382,33 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
     run = [] {
       check_save_path(train_flags.save);
       apply_runtime(train_flags);
-      std::unique_ptr<distribute::Strategy> strategy = make_strategy(train_flags);
+      std::unique_ptr<distribute::Strategy> strategy;
       std::optional<distribute::Strategy::ScopeGuard> scope;
-      if (strategy) scope.emplace(strategy.get());
-      const bool chief = !strategy || strategy->is_chief();
-      if (!chief) train_flags.verbose = 0;  // the chief reports for everyone
+      bool chief = true;
+      const int verbose = train_flags.verbose;
+      const auto enter_strategy = [&] {
+        strategy = make_strategy(train_flags);
+        if (strategy) scope.emplace(strategy.get());
+        chief = !strategy || strategy->is_chief();
+        train_flags.verbose = chief ? verbose : 0;  // the chief reports for everyone
+      };
+      // A hot spare (dtrain launch --spares) loads its data and builds its model, and only then
+      // waits for a rank: its strategy (the rendezvous) and compile() come after the wait.
+      const bool standby = train::is_standby();
+      bool taken = false;
+      const auto take_over = [&] {
+        taken = true;
+        train::await_standby_assignment();
+        fault::uninstall_progress_reporter();  // none ran without a rank: now as the worker
+        fault::install_progress_reporter();
+        enter_strategy();
+      };
+      if (standby) {
+        chief = false;
+        train_flags.verbose = 0;
+      } else {
+        enter_strategy();
+      }
       // --arch gpt: next-token windows of a text corpus, validated on its held-out end.
       const bool lm = model_flags.arch == "gpt" && model_flags.model.empty();
       std::optional<LmData> text;
@@ -406,9 +430,14 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
         }
       } else {
         d = load_data(data_flags, true);
+        // --arch resnet chooses its batch normalization by the strategy's replica count, and a
+        // model loaded with its optimizer is compiled as it loads.
+        if (standby && (model_flags.arch == "resnet" || !model_flags.model.empty())) take_over();
         model = make_model(model_flags, d);
         shape_inputs_for(*model, d);
       }
+      // compile() binds the model to the strategy in scope: a spare compiles once it has one.
+      if (standby && !taken) take_over();
       compile(*model, train_flags);
       if (train_flags.verbose != 0) model->summary();
       if (strategy && chief && train_flags.strategy != "parameter-server") {

@@ -34,6 +34,7 @@ Outcome GenerationSupervisor::run() {
     group_.pump_output(parts_.signals.fd(), survivors_until_ ? milliseconds(10) : kPollPeriod);
     forward_signals();
     handle_exits(group_.reap());
+    if (parts_.spares != nullptr && received_signal_ == 0) parts_.spares->tend(g_.number);
     if (!failure_ && !locally_done_ && !group_.any_running()) finish_locally();
     if (parts_.rendezvous.connected() && !failure_ && !completed_ &&
         Clock::now() >= next_monitor_) {

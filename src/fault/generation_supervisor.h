@@ -16,6 +16,7 @@
 #include "fault/failure_classifier.h"
 #include "fault/launch_events.h"
 #include "fault/launch_rendezvous.h"
+#include "fault/spares.h"
 #include "fault/worker_group.h"
 #include "fault/worker_process.h"
 
@@ -29,6 +30,7 @@ struct LauncherParts {
   ExclusionPolicy& exclusion;
   RecoveryTracker& recovery;
   SignalRelay& signals;
+  Spares* spares = nullptr;  // --spares K: the standby workers, tended from the poll loop
 };
 
 // How a generation ended.

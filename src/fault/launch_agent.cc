@@ -20,6 +20,7 @@
 #include "fault/launch_events.h"
 #include "fault/launch_rendezvous.h"
 #include "fault/snapshots.h"
+#include "fault/spares.h"
 #include "fault/worker_group.h"
 #include "fault/worker_process.h"
 
@@ -52,6 +53,13 @@ class Agent {
   // holds, the service failed): the caller restarts every worker.
   bool continue_survivors(const Generation& failed, const Generation& g, WorkerGroup& group);
   std::vector<std::string> worker_environment(const Generation& g, const Worker& w) const;
+  // What the launcher sets for worker `w` of `g` ("NAME=value"), over its own environment
+  // without kWorkerDrop.
+  std::vector<std::string> worker_variables(const Generation& g, const Worker& w) const;
+  // --spares: starts the standby spares once the first generation runs.
+  void start_spares(const Generation& g, const Worker& w);
+  // A ready spare's process for worker `w` of `g`, when one stands by.
+  std::optional<Process> take_spare(const Generation& g, const Worker& w);
   int completed(const Generation& g, const Outcome& out);
   // Whether the job ends after failure `f` instead of restarting: preempted, no restarts left,
   // every slot excluded, or this node excluded. Returns the exit code then.
@@ -67,7 +75,18 @@ class Agent {
   ExclusionPolicy exclusion_;
   RecoveryTracker recovery_;
   std::unique_ptr<SnapshotKeeper> snapshots_;  // --snapshot-every > 0 with a coordination service
+  std::unique_ptr<Spares> spares_;             // --spares K > 0
+  int taken_by_spares_ = 0;                    // ranks of the recovery in progress taken by spares
 };
+
+// The launcher's variables that a worker's environment replaces (or leaves out).
+const std::vector<std::string> kWorkerDrop = {dist::kEnvMasterAddr,
+                                              dist::kEnvMasterPort,
+                                              "DTRAIN_SNAPSHOT_DIR",
+                                              "DTRAIN_SNAPSHOT_RESTORE",
+                                              "DTRAIN_SNAPSHOT_SOURCE",
+                                              "DTRAIN_SNAPSHOT_EVERY",
+                                              kEnvOnFailure};
 
 Agent::Agent(const LaunchOptions& o)
     : o_(o),
@@ -93,7 +112,8 @@ int Agent::run() {
                             .recorder = recorder_,
                             .exclusion = exclusion_,
                             .recovery = recovery_,
-                            .signals = signals_};
+                            .signals = signals_,
+                            .spares = nullptr};
   std::optional<Generation> previous;
   WorkerGroup group;
   bool survivors = false;  // the last generation ended with workers still running in `group`
@@ -117,11 +137,21 @@ int Agent::run() {
     }
     if (!survivors) {
       group = WorkerGroup();
-      group.start(o_.command, g->slots, g->rank_offset,
-                  [&](const Worker& w) { return worker_environment(*g, w); });
+      // A restart of every worker takes the ready spares first (they skip start-up too).
+      const bool restart = previous.has_value();
+      group.start(
+          o_.command, g->slots, g->rank_offset,
+          [&](const Worker& w) { return worker_environment(*g, w); },
+          [&](const Worker& w) { return restart ? take_spare(*g, w) : std::nullopt; });
       for (auto& w : group.workers()) w.generation = g->number;
     }
-    const Outcome out = GenerationSupervisor(parts, *g, group).run();
+    if (o_.spares > 0 && !spares_ && !group.workers().empty()) {
+      start_spares(*g, group.workers().front());
+    }
+    if (taken_by_spares_ > 0) recovery_.taken_by_spares(std::exchange(taken_by_spares_, 0));
+    LauncherParts with_spares = parts;
+    with_spares.spares = spares_.get();
+    const Outcome out = GenerationSupervisor(with_spares, *g, group).run();
     previous = g;
     survivors = out.end == End::kSurvivors;
 
@@ -172,8 +202,14 @@ bool Agent::continue_survivors(const Generation& failed, const Generation& g, Wo
   }
   // The watchdog counts a survivor's stall from now (it rolls back, and its steps go back too).
   for (Worker* w : alive) w->step_changed = Clock::now();
-  std::string restarted;
+  std::string restarted, spares;
   for (Worker* w : dead) {
+    if (std::optional<Process> p = take_spare(g, *w)) {
+      group.adopt(*w, *p, g.number);
+      spares += str_cat(spares.empty() ? "" : ", ", w->rank, " (spare pid ", w->pid, ")");
+      continue;
+    }
+    if (spares_) say("spares: no spare stands by for rank ", w->rank, "; restarting it");
     group.respawn(*w, o_.command, g.number,
                   [&](const Worker& x) { return worker_environment(g, x); });
     restarted += str_cat(restarted.empty() ? "" : ", ", w->rank, " (pid ", w->pid, ")");
@@ -188,11 +224,13 @@ bool Agent::continue_survivors(const Generation& failed, const Generation& g, Wo
   }
   e.extra["survivors"] = rank_list;
   e.extra["restarted"] = restarted;
+  if (!spares.empty()) e.extra["spares"] = spares;
   std::string pids;
   for (const Worker* w : alive) pids += str_cat(pids.empty() ? "" : ",", w->pid);
   e.extra["survivor_pids"] = pids;
   e.message = str_cat("rank(s) ", rank_list, " keep running (pids ", pids, ") and join generation ",
-                      g.number, "; restarted rank(s) ", restarted);
+                      g.number, restarted.empty() ? "" : "; restarted rank(s) " + restarted,
+                      spares.empty() ? "" : "; taken over by spares: rank(s) " + spares);
   say(e.message);
   recorder_.record(e);
   return true;
@@ -228,6 +266,33 @@ void Agent::announce(const Generation& g, bool restart, bool survivors) {
 }
 
 std::vector<std::string> Agent::worker_environment(const Generation& g, const Worker& w) const {
+  return environment_with(kWorkerDrop, worker_variables(g, w));
+}
+
+void Agent::start_spares(const Generation& g, const Worker& w) {
+  if (!rendezvous_.connected()) return;
+  SparesOptions so{.count = o_.spares,
+                   .run_id = o_.run_id,
+                   .service = rendezvous_.service(),
+                   .command = o_.command,
+                   .worker_variables = kWorkerDrop,
+                   .set = {str_cat(kEnvLauncherPid, "=", ::getpid())}};
+  for (const std::string& kv : worker_variables(g, w)) {
+    so.worker_variables.push_back(kv.substr(0, kv.find('=')));
+  }
+  spares_ = std::make_unique<Spares>(std::move(so), rendezvous_.client(), recorder_);
+}
+
+std::optional<Process> Agent::take_spare(const Generation& g, const Worker& w) {
+  if (!spares_) return std::nullopt;
+  std::optional<Spares::Taken> t =
+      spares_->take(w.rank, g.number, kWorkerDrop, worker_variables(g, w));
+  if (!t) return std::nullopt;
+  ++taken_by_spares_;
+  return t->process;
+}
+
+std::vector<std::string> Agent::worker_variables(const Generation& g, const Worker& w) const {
   dist::LauncherEnv env{
       .local_world_size = static_cast<int>(g.slots.size()),
       .node_rank = g.node_index,
@@ -255,10 +320,7 @@ std::vector<std::string> Agent::worker_environment(const Generation& g, const Wo
   if (snapshots_) {
     for (std::string& v : snapshots_->environment(w.rank)) set.push_back(std::move(v));
   }
-  return environment_with(
-      {dist::kEnvMasterAddr, dist::kEnvMasterPort, "DTRAIN_SNAPSHOT_DIR", "DTRAIN_SNAPSHOT_RESTORE",
-       "DTRAIN_SNAPSHOT_SOURCE", "DTRAIN_SNAPSHOT_EVERY", kEnvOnFailure},
-      set);
+  return set;
 }
 
 int Agent::completed(const Generation& g, const Outcome& out) {

@@ -171,7 +171,8 @@ void RecoveryTracker::record_recovered(const Generation& g) {
   e.checkpoint = r.checkpoint;
   e.recovery_seconds = recovery;
   e.restarts = restarts_;
-  if (r.survivors) e.extra["mode"] = "survivors";
+  if (r.survivors) e.extra["mode"] = r.spares > 0 ? "spares" : "survivors";
+  if (r.spares > 0) e.extra["spares"] = std::to_string(r.spares);
   std::string lost;
   if (r.failure.last_step && r.resumed_step && *r.failure.last_step >= *r.resumed_step) {
     e.lost_steps = *r.failure.last_step - *r.resumed_step;
@@ -189,7 +190,10 @@ void RecoveryTracker::record_recovered(const Generation& g) {
   }
   e.message = str_cat(
       r.failure.what,
-      r.survivors ? "; restarted it, the other workers kept running (survivors)" : "; restarted",
+      r.spares > 0 && r.survivors ? "; a spare took over, the other workers kept running (spares)"
+      : r.spares > 0 ? "; restarted (spares took over " + std::to_string(r.spares) + " rank(s))"
+      : r.survivors  ? "; restarted it, the other workers kept running (survivors)"
+                     : "; restarted",
       r.resumed_step ? str_cat("; resumed", r.checkpoint.empty() ? "" : " from " + r.checkpoint,
                                " at step ", *r.resumed_step)
                      : std::string(),

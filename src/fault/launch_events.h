@@ -45,6 +45,10 @@ class RecoveryTracker {
   void restarting(const Failure& f, std::optional<double> step_seconds, bool survivors = false);
   // The restarted workers run in generation `generation`.
   void started(int64_t generation);
+  // --spares: `n` of the failed ranks were taken over by standby spares (no process start).
+  void taken_by_spares(int n) {
+    if (recovery_) recovery_->spares += n;
+  }
   // Reads where the workers of `g` resumed (once) and, given their newest steps `progress`,
   // records "resumed" and, at the first step past it, "recovered". Also records, in any
   // generation, a "backup_restore" for each of this node's workers that says where its durable
@@ -58,6 +62,7 @@ class RecoveryTracker {
     int64_t generation = 0;
     std::optional<double> step_seconds;  // mean step time before the failure
     bool survivors = false;              // the other workers kept running
+    int spares = 0;                      // failed ranks taken over by spares
     bool resumed_recorded = false;
     std::optional<int64_t> resumed_step;
     std::string checkpoint;

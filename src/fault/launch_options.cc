@@ -16,6 +16,8 @@ namespace {
 constexpr double kMaxSeconds = 365.0 * 24 * 3600;
 // The most nodes one job spans.
 constexpr int kMaxNodes = 65536;
+// The most hot spares one launcher keeps.
+constexpr int kMaxSpares = 64;
 
 void check_seconds(double v, const char* flag, bool positive) {
   DTRAIN_CHECK(std::isfinite(v) && (positive ? v > 0 : v >= 0) && v <= kMaxSeconds,
@@ -85,7 +87,20 @@ void validate_launch_options(const LaunchOptions& o) {
   if (!store_url && o.rdzv != "coordinator") {
     distribute::parse_host_port(o.rdzv, "launch: --rdzv");  // a usage error before anything else
   }
-  check_process_count(o.nproc_per_node, str_cat("--nproc-per-node ", o.nproc_per_node));
+  DTRAIN_CHECK(o.spares >= 0 && o.spares <= kMaxSpares, "launch: --spares ", o.spares,
+               " must be in [0, ", kMaxSpares, "]");
+  if (o.spares > 0) {
+    DTRAIN_CHECK(o.max_nodes == 1, "launch: --spares runs on one node for now (got --nnodes ",
+                 o.max_nodes, ")");
+    DTRAIN_CHECK(o.snapshot_every > 0,
+                 "launch: --spares needs in-memory snapshots (--snapshot-every > 0): a spare "
+                 "restores one when it takes over");
+    DTRAIN_CHECK(!store_url, "launch: --spares needs the coordination service, not ", o.rdzv);
+  }
+  check_process_count(o.nproc_per_node + o.spares,
+                      o.spares > 0
+                          ? str_cat("--nproc-per-node ", o.nproc_per_node, " + --spares ", o.spares)
+                          : str_cat("--nproc-per-node ", o.nproc_per_node));
 }
 
 std::pair<int, int> parse_nnodes(const std::string& text) {

@@ -13,7 +13,7 @@
 namespace dtrain::fault {
 
 void WorkerGroup::start(const std::vector<std::string>& command, const std::vector<int>& slots,
-                        int rank_offset, const Environment& environment) {
+                        int rank_offset, const Environment& environment, const Take& take) {
   workers_.assign(slots.size(), Worker{});
   const auto now = Clock::now();
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -24,7 +24,9 @@ void WorkerGroup::start(const std::vector<std::string>& command, const std::vect
     w.prefix = str_cat("[rank ", w.rank, "] ");
     w.step_changed = now;
     try {
-      const Process p = spawn_process(command, environment(w), str_cat("rank ", w.rank));
+      std::optional<Process> taken = take ? take(w) : std::nullopt;
+      const Process p =
+          taken ? *taken : spawn_process(command, environment(w), str_cat("rank ", w.rank));
       w.pid = p.pid;
       w.out = p.out;
       w.err = p.err;
@@ -47,13 +49,17 @@ void WorkerGroup::start(const std::vector<std::string>& command, const std::vect
 void WorkerGroup::respawn(Worker& w, const std::vector<std::string>& command, int64_t generation,
                           const Environment& environment) {
   DTRAIN_CHECK(!w.running, "launch: rank ", w.rank, " still runs; cannot start it again");
+  adopt(w, spawn_process(command, environment(w), str_cat("rank ", w.rank)), generation);
+}
+
+void WorkerGroup::adopt(Worker& w, const Process& p, int64_t generation) {
+  DTRAIN_CHECK(!w.running, "launch: rank ", w.rank, " still runs; cannot start it again");
   for (Stream* s : {&w.out, &w.err}) close_stream(*s, w.prefix);
   w.generation = generation;
   w.status = 0;
   w.code = 0;
   w.step.reset();
   w.step_changed = Clock::now();
-  const Process p = spawn_process(command, environment(w), str_cat("rank ", w.rank));
   w.pid = p.pid;
   w.out = p.out;
   w.err = p.err;

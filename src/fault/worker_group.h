@@ -39,14 +39,19 @@ class WorkerGroup {
   // Starts `command` once per slot in `slots` (local rank i, global rank rank_offset + i).
   // When one cannot be started, kills the ones already started and rethrows
   // (NotFoundError, FailedPreconditionError from spawn_process).
+  // `take`, when given, may hand over a process already running for a worker (a hot spare,
+  // spares.h) instead of a new one.
+  using Take = std::function<std::optional<Process>(const Worker&)>;
   void start(const std::vector<std::string>& command, const std::vector<int>& slots,
-             int rank_offset, const Environment& environment);
+             int rank_offset, const Environment& environment, const Take& take = {});
 
   // Starts worker `w` (exited) again in place: same slot and ranks, in generation `generation`
   // (--on-failure survivors). What is left of its old pipes is forwarded first. Throws as
   // start() does.
   void respawn(Worker& w, const std::vector<std::string>& command, int64_t generation,
                const Environment& environment);
+  // As respawn(), with process `p` already running for it (a hot spare that took it over).
+  void adopt(Worker& w, const Process& p, int64_t generation);
   // Stops every running worker: SIGTERM, SIGKILL after `grace`, then reaps them and closes
   // their output (the launcher falls back from survivors to restarting every worker).
   void stop(milliseconds grace);

@@ -9,12 +9,15 @@
 //              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
 //              [--clipnorm C | --global-clipnorm C]
 //              [--logical-replicas L] [--dropout 1] [--rows-log PREFIX]
+//              [--standby-delay-ms M]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
 // backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
 // --report-progress 1: under dtrain launch, report steps and heartbeats to the launcher
 // (fault::install_progress_reporter), as the dtrain binary does.
+// As a hot spare (dtrain launch --spares, DTRAIN_SPARE set), it makes its data and model, waits
+// for a rank (--standby-delay-ms M: after sleeping M ms, a slow start-up), then joins as that rank.
 // --input dataset: fit(dataset) on from_tensor_slices.shuffle.batch (every worker materialises the
 // global batches and keeps its rows) instead of fit(x, y) (per-worker input).
 // --rows-out FILE (MLP): writes "epoch step hash" for every input row this worker's replicas
@@ -53,6 +56,7 @@
 #include "dtrain/nn/pooling.h"
 #include "dtrain/nn/reshaping.h"
 #include "dtrain/optim/adam.h"
+#include "dtrain/train/standby.h"
 #include "dtrain/train/tensorboard.h"
 #include "dtrain/train/training.h"
 
@@ -151,25 +155,33 @@ struct Backup {
   int logical_replicas = 0;    // --logical-replicas
   std::string rows_log;        // --rows-log
   bool dropout = false;        // --dropout 1: Dropout(0.25, seeded) after the hidden layer
+  int64_t standby_delay_ms = 0;  // --standby-delay-ms
+  bool report_progress = false;  // --report-progress 1
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
         const Backup& backup) {
   std::unique_ptr<distribute::Strategy> strategy;
-  if (mode == "mirrored") {
-    strategy = std::make_unique<distribute::MirroredStrategy>(replicas);
-  } else if (mode == "multi-worker") {
-    strategy = std::make_unique<distribute::MultiWorkerMirroredStrategy>(
-        distribute::MultiWorkerOptions{.overlap_gradients = backup.overlap_bucket_bytes > 0,
-                                       .overlap_bucket_bytes = backup.overlap_bucket_bytes,
-                                       .shard_optimizer_state = backup.shard,
-                                       .local_replicas = replicas,
-                                       .logical_replicas = backup.logical_replicas});
-  } else if (mode != "single") {
-    throw InvalidArgumentError("unknown --mode " + mode);
-  }
   std::optional<distribute::Strategy::ScopeGuard> scope;
-  if (strategy) scope.emplace(strategy.get());
+  const auto enter_strategy = [&] {
+    if (mode == "mirrored") {
+      strategy = std::make_unique<distribute::MirroredStrategy>(replicas);
+    } else if (mode == "multi-worker") {
+      strategy = std::make_unique<distribute::MultiWorkerMirroredStrategy>(
+          distribute::MultiWorkerOptions{.overlap_gradients = backup.overlap_bucket_bytes > 0,
+                                         .overlap_bucket_bytes = backup.overlap_bucket_bytes,
+                                         .shard_optimizer_state = backup.shard,
+                                         .local_replicas = replicas,
+                                         .logical_replicas = backup.logical_replicas});
+    } else if (mode != "single") {
+      throw InvalidArgumentError("unknown --mode " + mode);
+    }
+    if (strategy) scope.emplace(strategy.get());
+  };
+  // A hot spare (dtrain launch --spares) makes its data and model first and its strategy once it
+  // has a rank (train/standby.h).
+  const bool standby = train::is_standby();
+  if (!standby) enter_strategy();
   // Workers other than the chief start from different weights: the chief's broadcast must
   // make them equal.
   set_random_seed(strategy ? 11 + strategy->worker_rank() : 11);
@@ -222,6 +234,17 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     owned = std::move(seq);
   }
   nn::Model& model = *owned;
+  // compile() binds the model to the strategy in scope: a spare compiles once it has one.
+  if (standby) {
+    // --standby-delay-ms: a spare whose start-up (say, its data load) takes this long.
+    std::this_thread::sleep_for(std::chrono::milliseconds(backup.standby_delay_ms));
+    train::await_standby_assignment();
+    if (backup.report_progress) {
+      fault::uninstall_progress_reporter();
+      fault::install_progress_reporter();
+    }
+    enter_strategy();
+  }
   model.compile({.optimizer = std::make_shared<optim::Adam>(
                      optim::AdamOptions{.learning_rate = 0.01,
                                         .clipnorm = backup.clipnorm,
@@ -371,6 +394,8 @@ int main(int argc, char** argv) {
       backup.rows_log = v;
     else if (k == "--dropout")
       backup.dropout = v == "1";
+    else if (k == "--standby-delay-ms")
+      backup.standby_delay_ms = std::atoll(v.c_str());
     else if (k == "--report-progress")
       report_progress = v == "1";
     else {
@@ -379,6 +404,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    backup.report_progress = report_progress;
     if (report_progress) fault::install_progress_reporter();
     return run(mode, out, replicas, epochs, verify_every, backup);
   } catch (const Error& e) {

@@ -34,6 +34,12 @@ inline constexpr const char* kEventPreempted = "preempted";  // preemption: no r
 inline constexpr const char* kEventSignal = "signal";        // the launcher got a signal
 inline constexpr const char* kEventAdmit = "admit";          // elastic: a node wants in
 inline constexpr const char* kEventCompleted = "completed";  // every worker exited with 0
+// --spares K (hot spares): a standby worker was started, stands by (data loaded, model built,
+// connected), died while standing by (replaced; not a worker failure), took over a failed rank.
+inline constexpr const char* kEventSpareStarted = "spare_started";
+inline constexpr const char* kEventSpareReady = "spare_ready";
+inline constexpr const char* kEventSpareLost = "spare_lost";
+inline constexpr const char* kEventSpareTakeover = "spare_takeover";
 
 // Detectors (the "detector" field).
 inline constexpr const char* kDetectExit = "exit";              // waitpid: non-zero exit, signal

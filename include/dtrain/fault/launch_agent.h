@@ -44,6 +44,9 @@ struct LaunchOptions {
   // restarts only the failed workers while the others keep their processes and roll back to the
   // newest in-memory snapshot every rank holds (one node, snapshots, the coordination service).
   std::string on_failure = "restart-all";
+  // --spares K: standby workers (data loaded, model built, connected) that take over failed
+  // ranks instead of new processes (one node, snapshots, the coordination service).
+  int spares = 0;
   std::vector<std::string> command;  // the worker's command line (run through PATH)
 };
 

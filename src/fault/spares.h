@@ -1,0 +1,91 @@
+// Hot spares (`dtrain launch --spares K`, docs/fault-tolerance.md "Hot spares"): K standby copies
+// of the job's command, started beside this node's workers with DTRAIN_SPARE set and no rank
+// (train/standby.h is their side). Each loads its data, builds its model, connects to the
+// coordination service, says so under dtrain/<run>/launch/spares/<id>/ready and blocks until
+// the launcher writes its assignment (.../assign: a rank, a generation and the environment a
+// restarted worker of that rank would get). take() hands a ready spare to a failed rank in
+// place of a new process; tend() forwards the standby spares' output ("[spare N] "), replaces a
+// spare that died while standing by (a spare_lost event; never a worker failure) and tops the
+// set up to K in the background. Private to src/fault. Single-threaded (the launcher's loop).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/distribute/coordination.h"
+#include "dtrain/fault/fault_events.h"
+#include "fault/launch_util.h"
+#include "fault/worker_process.h"
+
+namespace dtrain::fault {
+
+struct SparesOptions {
+  int count = 0;                     // K
+  std::string run_id = "default";    // keys under dtrain/<run>/launch/spares/
+  std::string service = "";          // host:port of the coordination service (for the spares)
+  std::vector<std::string> command;  // the workers' command line
+  // Variables a worker gets from the launcher (rank, generation, snapshots...): left out of a
+  // spare's environment until its assignment sets them.
+  std::vector<std::string> worker_variables;
+  std::vector<std::string> set;  // "NAME=value" every spare gets (launcher pid, ...)
+};
+
+class Spares {
+ public:
+  Spares(SparesOptions options, distribute::CoordinationClient& client, FaultRecorder& recorder);
+  // Kills (SIGKILL) and reaps every standby spare: they hold no state.
+  ~Spares();
+  Spares(const Spares&) = delete;
+  Spares& operator=(const Spares&) = delete;
+
+  // Forwards the standby spares' output, reaps the ones that died (spare_lost), notes the ones
+  // that became ready (spare_ready, at most every 250 ms: one call to the service) and starts
+  // new ones up to K (spare_started). Stops starting them after 3 spares in a row died before
+  // they stood by (a broken command would otherwise be started forever). Never blocks on the
+  // spares; `generation` is the current one, for the events.
+  void tend(int64_t generation);
+
+  // Hands a ready spare to rank `rank` of generation `generation`: writes its assignment
+  // (`unset` names, `set` "NAME=value" pairs: a worker's environment) and returns its process,
+  // which now is that worker (its output keeps the bytes not yet forwarded). Records
+  // spare_takeover. nullopt when no spare is ready (the caller starts a process instead) or
+  // the assignment cannot be written.
+  struct Taken {
+    int spare = 0;
+    Process process;
+  };
+  std::optional<Taken> take(int rank, int64_t generation, const std::vector<std::string>& unset,
+                            const std::vector<std::string>& set);
+
+  // Standby spares that said they are ready.
+  int ready() const;
+
+ private:
+  struct Spare {
+    int id = 0;
+    Process process;
+    std::string prefix;
+    bool ready = false;
+    Clock::time_point started{};
+  };
+  std::string key(int id) const;
+  void start_one(int64_t generation);
+  void reap(int64_t generation);
+  // Marks the spares whose ready key exists (one call to the service).
+  void refresh_ready(int64_t generation);
+
+  SparesOptions o_;
+  distribute::CoordinationClient& client_;
+  FaultRecorder& recorder_;
+  std::vector<Spare> standby_;
+  int next_id_ = 0;
+  int died_unready_ = 0;  // spares in a row that died before they stood by
+  bool gave_up_ = false;
+  Clock::time_point next_ready_check_{};
+};
+
+}  // namespace dtrain::fault

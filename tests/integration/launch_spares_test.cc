@@ -1,0 +1,394 @@
+// Hot spares (`dtrain launch --spares K`, docs/fault-tolerance.md "Hot spares"):
+// MultiWorkerMirrored fits (the fit_worker program) under a real launcher on 127.0.0.1 with K
+// standby spares, whose workers are SIGKILLed at random moments. A ready spare (data made, model
+// built, connected to the coordination service, blocked on it) takes over each killed rank instead
+// of a new process: it restores the agreed snapshot from the launcher's tmpfs and joins the
+// survivors, which keep their processes. A spare killed while it stands by is replaced without
+// touching the job; with no spare ready the failed rank is restarted as before. Every job must end
+// with weights and optimizer state bitwise equal to an uninterrupted run. DTRAIN_CHAOS_TRIALS=N
+// sets the number of kills of the random-kill test (default 6; the full run is 20).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "chaos.h"
+
+namespace dtrain::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const std::string kDtrain = DTRAIN_BINARY;
+const std::string kWorker = DTRAIN_FIT_WORKER;
+int chaos_trials() {
+  const char* v = std::getenv("DTRAIN_CHAOS_TRIALS");
+  const int n = v ? std::atoi(v) : 0;
+  return n > 0 ? n : 6;
+}
+
+// 12 steps each: 3600 steps for the default 6 kills, longer for more. A takeover loses only a
+// few steps, and each kill waits for the group to train again and for a spare to stand by, so
+// the job must outlast the kills on a quiet machine too (at least 1 ms a step).
+int epochs() { return 300 * ((chaos_trials() + 5) / 6); }
+
+std::vector<std::string> worker(const std::string& out, bool backups,
+                                const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a = {kWorker,
+                                "--mode",
+                                "multi-worker",
+                                "--out",
+                                out,
+                                "--epochs",
+                                std::to_string(epochs()),
+                                "--step-delay-us",
+                                "1000",
+                                "--report-progress",
+                                "1"};
+  if (backups) a.insert(a.end(), {"--checkpoint-dir", out + ".ckpt", "--checkpoint-every", "400"});
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::vector<std::string> launcher(int workers, std::vector<std::string> flags,
+                                  const std::string& events, const std::vector<std::string>& cmd) {
+  std::vector<std::string> a = {
+      kDtrain,          "launch", "--nproc-per-node", std::to_string(workers),
+      "--max-restarts", "60",     "--grace-period",   "1",
+      "--event-log",    events};
+  a.insert(a.end(), flags.begin(), flags.end());
+  a.push_back("--");
+  a.insert(a.end(), cmd.begin(), cmd.end());
+  return a;
+}
+
+// The uninterrupted run of `workers` workers (no backups, snapshots or spares): rank 0's
+// variables, computed once per world size.
+const std::string& reference(int workers) {
+  static std::map<int, std::string> cache;
+  if (auto it = cache.find(workers); it != cache.end()) return it->second;
+  const std::string dir = make_temp_dir();
+  Process ref = spawn(launcher(workers, {"--snapshot-every", "0"}, dir + "/ref-events.jsonl",
+                               worker(dir + "/ref.bin", false)),
+                      {}, dir + "/ref.log");
+  const int code = wait_for(ref, Clock::now() + std::chrono::seconds(150));
+  bool same = code == 0;
+  for (int r = 1; r < workers && same; ++r) {
+    same =
+        read_file(dir + "/ref.bin.rank0") == read_file(dir + "/ref.bin.rank" + std::to_string(r));
+  }
+  std::string out;
+  if (same) {
+    out = read_file(dir + "/ref.bin.rank0");
+  } else {
+    std::fprintf(stderr, "reference run failed (%d):\n%s\n", code, read_file(ref.log).c_str());
+  }
+  std::system(("rm -rf " + dir).c_str());
+  return cache[workers] = out;
+}
+
+class LaunchSpares : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = make_temp_dir(); }
+  void TearDown() override {
+    if (!HasFailure()) std::system(("rm -rf " + dir_).c_str());
+  }
+
+  Process start(int workers, int spares, const std::vector<std::string>& extra = {},
+                const std::string& mode = "survivors") {
+    return spawn(launcher(workers,
+                          {"--on-failure", mode, "--snapshot-every", "3", "--snapshot-root",
+                           dir_ + "/shm", "--spares", std::to_string(spares)},
+                          dir_ + "/events.jsonl", worker(dir_ + "/out.bin", true, extra)),
+                 {}, dir_ + "/job.log");
+  }
+
+  // The event log so far (read while the launcher writes it: a line not yet complete is left
+  // out).
+  std::vector<nlohmann::json> all_events() const {
+    std::vector<nlohmann::json> out;
+    std::ifstream f(dir_ + "/events.jsonl");
+    std::string line;
+    while (std::getline(f, line)) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded()) out.push_back(std::move(j));
+    }
+    return out;
+  }
+
+  // The spares standing by, from the event log: pid -> whether it said it is ready. A spare
+  // leaves the set when it takes over a rank or dies.
+  std::map<pid_t, bool> standby() const {
+    std::map<pid_t, bool> out;
+    for (const auto& e : all_events()) {
+      const std::string kind = e.value("kind", "");
+      const pid_t pid = e.value("pid", -1);
+      if (kind == "spare_started") out[pid] = false;
+      if (kind == "spare_ready" && out.count(pid)) out[pid] = true;
+      if (kind == "spare_takeover" || kind == "spare_lost") out.erase(pid);
+    }
+    return out;
+  }
+  int ready_spares() const {
+    int n = 0;
+    for (const auto& [pid, ready] : standby()) n += ready ? 1 : 0;
+    return n;
+  }
+
+  // The launcher's children that are workers (not standby spares).
+  std::vector<pid_t> workers(const Process& p) const {
+    const std::map<pid_t, bool> spares = standby();
+    std::vector<pid_t> out;
+    for (pid_t c : children(p.pid)) {
+      if (!spares.count(c)) out.push_back(c);
+    }
+    return out;
+  }
+
+  // Processes of the job that have trained a step: each fit_worker prints "first step done"
+  // once (a survivor does not print it again after a failure; a new worker or a spare that took
+  // over does).
+  int trained() const {
+    const std::string log = read_file(dir_ + "/job.log");
+    int n = 0;
+    for (size_t at = log.find("first step done"); at != std::string::npos;
+         at = log.find("first step done", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
+  // Waits (bounded) until `p` runs `n` workers, trained() reached `count` and `spares` spares
+  // stand by ready. False when the job ended or the wait ran out.
+  bool wait_for_state(Process& p, size_t n, int count, int spares) {
+    const auto deadline = Clock::now() + std::chrono::seconds(90);
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (waitpid(p.pid, &status, WNOHANG) == p.pid) {
+        p.pid = -1;
+        return false;
+      }
+      if (workers(p).size() == n && trained() >= count && ready_spares() >= spares) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  // Kills `victims` random workers at once, `rounds` times, each `lo`..`hi` ms after the group
+  // trains again with `spares` spares ready, and records whether every worker that was not
+  // killed kept its pid and whether every victim's rank went to a spare. Returns the kills done.
+  int kill_rounds(Process& p, size_t n, size_t victims, int rounds, int spares, std::mt19937& rng,
+                  int lo, int hi) {
+    std::uniform_int_distribution<int> delay_ms(lo, hi);
+    int kills = 0;
+    int expect = static_cast<int>(n);
+    for (int round = 0, attempts = 0; round < rounds && attempts < 10 * rounds; ++attempts) {
+      if (!wait_for_state(p, n, expect, spares)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+      const std::vector<pid_t> before = workers(p);
+      // A spare started a moment ago may not be in the event log yet: look again.
+      if (before.size() != n) continue;
+      ++round;
+      std::vector<pid_t> pick = before;
+      std::shuffle(pick.begin(), pick.end(), rng);
+      pick.resize(victims);
+      const int trained_before = trained();
+      const size_t takeovers_before = of_kind(all_events(), "spare_takeover").size();
+      for (pid_t v : pick) {
+        if (kill(v, SIGKILL) == 0) ++kills;
+      }
+      expect = trained_before + static_cast<int>(victims);
+      if (!wait_for_state(p, n, expect, 0)) break;
+      const std::vector<pid_t> after = workers(p);
+      const bool kept = std::all_of(before.begin(), before.end(), [&](pid_t b) {
+        return std::find(pick.begin(), pick.end(), b) != pick.end() ||
+               std::find(after.begin(), after.end(), b) != after.end();
+      });
+      (kept ? kept_ : lost_) += 1;
+      taken_ += static_cast<int>(of_kind(all_events(), "spare_takeover").size() - takeovers_before);
+    }
+    return kills;
+  }
+
+  // The job's end: exit 0 and every rank's variables bitwise equal to `ref`.
+  void check_bitwise(Process& p, int n, const std::string& ref, int kills) {
+    const int code = p.pid > 0 ? wait_for(p, Clock::now() + std::chrono::seconds(180)) : 0;
+    const std::string log = read_file(dir_ + "/job.log");
+    ASSERT_EQ(code, 0) << log_tail(log);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(read_file(dir_ + "/out.bin.rank" + std::to_string(r)), ref)
+          << "worker " << r << " differs after " << kills << " kills\n"
+          << log_tail(log);
+    }
+    EXPECT_EQ(log.find("resumed from " + dir_ + "/out.bin.ckpt/backup-"), std::string::npos)
+        << "a recovery read a backup\n"
+        << log_tail(log);
+  }
+
+  // Every failure was taken over by spares: the survivors kept their pids, each killed rank
+  // went to a spare (spare_takeover names its pid and rank; no process was restarted), which
+  // restored the agreed snapshot, and the recoveries say so. With `at_once` (several workers
+  // killed together) a round may instead fall back to restarting every worker, as without
+  // spares: a SIGKILLed process can take longer than the launcher's 50 ms window to exit on a
+  // loaded machine, and then fails the next generation while it forms; at least one round must
+  // then have gone to spares entirely.
+  void check_taken_over(int kills, int rounds, bool at_once = false) {
+    const auto all = all_events();
+    const std::string log = read_file(dir_ + "/job.log");
+    std::printf(
+        "%d worker kills in %d rounds; survivors kept their pids %d time(s), lost them %d "
+        "time(s); %d rank(s) taken over by spares\n",
+        kills, rounds, kept_, lost_, taken_);
+    for (const auto& e : of_kind(all, "spare_takeover")) {
+      EXPECT_TRUE(e.contains("rank") && e.contains("pid")) << e.dump();
+    }
+    const auto continued = of_kind(all, "survivors");
+    int all_to_spares = 0;  // survivors events where spares took every killed rank
+    for (const auto& e : continued) {
+      std::printf("%s\n", e.value("message", "").c_str());
+      const std::string spares = e.value("spares", "");
+      const bool whole = e.value("restarted", "").empty() && !spares.empty() &&
+                         std::count(spares.begin(), spares.end(), '(') == kills / rounds;
+      all_to_spares += whole ? 1 : 0;
+      if (!at_once) {
+        EXPECT_TRUE(whole) << "a rank was not taken over by a spare\n" << e.dump();
+      }
+    }
+    int spare_recoveries = 0;
+    for (const auto& e : of_kind(all, "recovered")) {
+      EXPECT_TRUE(e.contains("recovery_seconds") && e.contains("lost_seconds")) << e.dump();
+      if (e.value("mode", "") == "spares") ++spare_recoveries;
+      std::printf("recovered: %.3f s (%s)\n", e.value("recovery_seconds", 0.0),
+                  e.value("mode", "").c_str());
+    }
+    if (at_once) {
+      EXPECT_GE(kept_, 1) << log_tail(log);
+      EXPECT_GE(all_to_spares, 1) << log_tail(log);
+      EXPECT_GE(spare_recoveries, 1) << log_tail(log);
+    } else {
+      EXPECT_EQ(lost_, 0) << log_tail(log);
+      EXPECT_EQ(taken_, kills) << log_tail(log);
+      EXPECT_EQ(static_cast<int>(continued.size()), rounds) << log_tail(log);
+      EXPECT_EQ(all_to_spares, rounds) << log_tail(log);
+      EXPECT_EQ(spare_recoveries, rounds) << log_tail(log);
+    }
+    // The spares restored the agreed snapshot from the launcher's memory, as a restarted worker.
+    EXPECT_NE(log.find("takes over rank"), std::string::npos) << log_tail(log);
+    EXPECT_NE(log.find("(no disk read)"), std::string::npos) << log_tail(log);
+  }
+
+  std::string dir_;
+  int kept_ = 0, lost_ = 0, taken_ = 0;
+};
+
+// Two workers and one spare; a random worker killed at a time, several times: a spare takes over
+// every time (the replacement spare is ready before the next kill).
+TEST_F(LaunchSpares, RandomKillsAreTakenOverBySpares) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, 1);
+  std::mt19937 rng(4153);
+  const int rounds = chaos_trials();
+  const int kills = kill_rounds(p, 2, 1, rounds, 1, rng, 50, 250);
+  ASSERT_EQ(kills, rounds) << "the job ended, or did not train again after a kill\n"
+                           << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  check_taken_over(kills, rounds);
+}
+
+// Three workers and two spares: first a standby spare is killed (replaced in the background,
+// no worker failure), then two workers are killed at once, twice; both ranks go to spares.
+TEST_F(LaunchSpares, TwoAtOnceAndALostSpare) {
+  const std::string& ref = reference(3);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(3, 2);
+  ASSERT_TRUE(wait_for_state(p, 3, 3, 2)) << log_tail(read_file(dir_ + "/job.log"));
+  const pid_t spare = standby().begin()->first;
+  ASSERT_EQ(kill(spare, SIGKILL), 0);
+  // Replaced: a spare_lost for it, and two ready spares again, while the workers train on.
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline &&
+         (of_kind(all_events(), "spare_lost").empty() || ready_spares() < 2)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto lost = of_kind(all_events(), "spare_lost");
+  ASSERT_EQ(lost.size(), 1u) << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_EQ(lost[0].value("pid", -1), spare) << lost[0].dump();
+  EXPECT_EQ(lost[0].value("signal", 0), SIGKILL) << lost[0].dump();
+  ASSERT_EQ(ready_spares(), 2) << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_TRUE(of_kind(all_events(), "failure").empty()) << "a spare's death failed the job";
+  EXPECT_EQ(of_kind(all_events(), "spare_started").size(), 3u);
+
+  std::mt19937 rng(2929);
+  const int kills = kill_rounds(p, 3, 2, 2, 2, rng, 100, 500);
+  ASSERT_EQ(kills, 4) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 3, ref, kills);
+  check_taken_over(kills, 2, /*at_once=*/true);
+  // The spare's death is no worker failure.
+  for (const auto& e : of_kind(all_events(), "failure")) {
+    EXPECT_NE(e.value("pid", -1), spare) << e.dump();
+  }
+}
+
+// No spare ready (the spare's start-up takes ten minutes): the killed rank is restarted as
+// without spares, and the job still ends bitwise.
+TEST_F(LaunchSpares, NoSpareReadyFallsBackToARestart) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, 1, {"--standby-delay-ms", "600000"});
+  std::mt19937 rng(77);
+  const int kills = kill_rounds(p, 2, 1, 2, 0, rng, 100, 500);
+  ASSERT_EQ(kills, 2) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  const auto all = all_events();
+  EXPECT_TRUE(of_kind(all, "spare_takeover").empty());
+  EXPECT_EQ(taken_, 0);
+  EXPECT_EQ(lost_, 0);
+  const auto continued = of_kind(all, "survivors");
+  ASSERT_EQ(continued.size(), 2u) << log_tail(read_file(dir_ + "/job.log"));
+  for (const auto& e : continued) EXPECT_FALSE(e.value("restarted", "").empty()) << e.dump();
+  EXPECT_NE(read_file(dir_ + "/job.log").find("no spare stands by for rank"), std::string::npos);
+}
+
+// Under --on-failure restart-all every worker restarts, and the ready spare takes one of the
+// ranks (the other is a new process); the job still ends bitwise.
+TEST_F(LaunchSpares, RestartAllTakesTheReadySpare) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, 1, {}, "restart-all");
+  std::mt19937 rng(5);
+  const int kills = kill_rounds(p, 2, 1, 2, 1, rng, 100, 500);
+  ASSERT_EQ(kills, 2) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  EXPECT_EQ(taken_, kills) << log_tail(read_file(dir_ + "/job.log"));
+  const auto recovered = of_kind(all_events(), "recovered");
+  ASSERT_EQ(static_cast<int>(recovered.size()), kills);
+  for (const auto& e : recovered) EXPECT_EQ(e.value("spares", ""), "1") << e.dump();
+}
+
+// --spares is checked before anything starts, naming the flag.
+TEST(LaunchSparesFlags, BadValuesAreUsageErrors) {
+  const std::string dir = make_temp_dir();
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--spares", "-1"}, std::vector<std::string>{"--spares", "65"},
+        std::vector<std::string>{"--spares", "1", "--snapshot-every", "0"},
+        std::vector<std::string>{"--spares", "1", "--nnodes", "2", "--rdzv", "127.0.0.1:1"},
+        std::vector<std::string>{"--spares", "1", "--rdzv", "file:///tmp/x"}}) {
+    std::vector<std::string> a = {kDtrain, "launch"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.insert(a.end(), {"--", "true"});
+    Process p = spawn(a, {}, dir + "/log");
+    EXPECT_EQ(wait_for(p, Clock::now() + std::chrono::seconds(30)), 2) << read_file(dir + "/log");
+    EXPECT_NE(read_file(dir + "/log").find("--spares"), std::string::npos)
+        << read_file(dir + "/log");
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace dtrain::testing

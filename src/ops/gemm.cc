@@ -5,8 +5,16 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/float_env.h"
+#include "dtrain/core/parallel_for.h"
 
 namespace dtrain::ops {
+namespace {
+
+// parallel_for's team starts with OpenBLAS's own count (OPENBLAS_NUM_THREADS, else the cores),
+// so that a program that never calls set_num_threads runs every kernel on the same threads.
+const bool g_intra_op_synced = (set_intra_op_threads(openblas_get_num_threads()), true);
+
+}  // namespace
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -24,6 +32,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 void set_num_threads(int n) {
   DTRAIN_CHECK(n >= 1, "set_num_threads: need at least one thread, got ", n);
   openblas_set_num_threads(n);
+  set_intra_op_threads(n);
 }
 
 int num_threads() { return openblas_get_num_threads(); }

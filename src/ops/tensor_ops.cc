@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dtrain/core/parallel_for.h"
 #include "dtrain/ops/gemm.h"
 
 namespace dtrain::ops {
@@ -46,26 +47,35 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const float* pb = b.data<float>();
   float* po = out.data<float>();
   const int64_t n = out.num_elements();
+  // The elementwise cases split over elements (or rows), each computed alone.
   if (a.shape() == b.shape()) {
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], pb[i]);
+    });
     return;
   }
   if (b.num_elements() == 1 && a.num_elements() == n) {
     const float s = pb[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
+    parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], s);
+    });
     return;
   }
   if (a.num_elements() == 1 && b.num_elements() == n) {
     const float s = pa[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(s, pb[i]);
+    parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(s, pb[i]);
+    });
     return;
   }
   // b broadcasts over rows of a (bias-like): a [..., c], b [c] or [1, c].
   if (a.num_elements() == n && b.num_elements() == out.dim(-1) && b.dim(-1) == out.dim(-1)) {
     const int64_t c = out.dim(-1), rows = n / std::max<int64_t>(c, 1);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < c; ++j) po[r * c + j] = f(pa[r * c + j], pb[j]);
-    }
+    parallel_for(rows, grain_for(c), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t j = 0; j < c; ++j) po[r * c + j] = f(pa[r * c + j], pb[j]);
+      }
+    });
     return;
   }
   // General case: walk the output with per-operand strides (0 on broadcast dimensions).
@@ -172,41 +182,52 @@ Tensor reduce_to_shape(const Tensor& g, const Shape& shape) {
   return out;
 }
 
+namespace {
+
+void unary_range(UnaryOp op, const float* px, float* po, int64_t begin, int64_t end) {
+  switch (op) {
+    case UnaryOp::kNeg:
+      for (int64_t i = begin; i < end; ++i) po[i] = -px[i];
+      break;
+    case UnaryOp::kExp:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::exp(px[i]);
+      break;
+    case UnaryOp::kLog:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::log(px[i]);
+      break;
+    case UnaryOp::kSqrt:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::sqrt(px[i]);
+      break;
+    case UnaryOp::kSquare:
+      for (int64_t i = begin; i < end; ++i) po[i] = px[i] * px[i];
+      break;
+    case UnaryOp::kAbs:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::fabs(px[i]);
+      break;
+    case UnaryOp::kRelu:
+      for (int64_t i = begin; i < end; ++i) po[i] = px[i] < 0 ? 0.0f : px[i];
+      break;
+    case UnaryOp::kSigmoid:
+      for (int64_t i = begin; i < end; ++i) po[i] = sigmoid_scalar(px[i]);
+      break;
+    case UnaryOp::kTanh:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::tanh(px[i]);
+      break;
+  }
+}
+
+}  // namespace
+
 Tensor unary(UnaryOp op, const Tensor& x) {
   check_float(x, "unary op");
   Tensor out(x.shape());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  const int64_t n = x.num_elements();
-  switch (op) {
-    case UnaryOp::kNeg:
-      for (int64_t i = 0; i < n; ++i) po[i] = -px[i];
-      break;
-    case UnaryOp::kExp:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::exp(px[i]);
-      break;
-    case UnaryOp::kLog:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::log(px[i]);
-      break;
-    case UnaryOp::kSqrt:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::sqrt(px[i]);
-      break;
-    case UnaryOp::kSquare:
-      for (int64_t i = 0; i < n; ++i) po[i] = px[i] * px[i];
-      break;
-    case UnaryOp::kAbs:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::fabs(px[i]);
-      break;
-    case UnaryOp::kRelu:
-      for (int64_t i = 0; i < n; ++i) po[i] = px[i] < 0 ? 0.0f : px[i];
-      break;
-    case UnaryOp::kSigmoid:
-      for (int64_t i = 0; i < n; ++i) po[i] = sigmoid_scalar(px[i]);
-      break;
-    case UnaryOp::kTanh:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::tanh(px[i]);
-      break;
-  }
+  // Elementwise: ranges of elements on parallel_for's threads (the libm calls cost about eight).
+  const bool cheap =
+      op == UnaryOp::kNeg || op == UnaryOp::kSquare || op == UnaryOp::kAbs || op == UnaryOp::kRelu;
+  parallel_for(x.num_elements(), cheap ? kParallelGrainElements : kParallelGrainElements / 8,
+               [&](int64_t begin, int64_t end) { unary_range(op, px, po, begin, end); });
   return out;
 }
 
@@ -215,7 +236,9 @@ Tensor affine(const Tensor& x, float alpha, float beta) {
   Tensor out(x.shape());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) po[i] = px[i] * alpha + beta;
+  parallel_for(x.num_elements(), kParallelGrainElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) po[i] = px[i] * alpha + beta;
+  });
   return out;
 }
 
@@ -224,7 +247,9 @@ Tensor clip(const Tensor& x, float lo, float hi) {
   Tensor out(x.shape());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) po[i] = std::min(std::max(px[i], lo), hi);
+  parallel_for(x.num_elements(), kParallelGrainElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) po[i] = std::min(std::max(px[i], lo), hi);
+  });
   return out;
 }
 
@@ -258,18 +283,23 @@ void bias_add_inplace(Tensor& y, const Tensor& b) {
   float* py = y.data<float>();
   const float* pb = b.data<float>();
   const int64_t rows = y.num_elements() / std::max<int64_t>(cols, 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* yr = py + r * cols;
-    for (int64_t c = 0; c < cols; ++c) yr[c] += pb[c];
-  }
+  parallel_for(rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* yr = py + r * cols;
+      for (int64_t c = 0; c < cols; ++c) yr[c] += pb[c];
+    }
+  });
 }
 
 void column_sum(const float* x, int64_t rows, int64_t cols, float* out) {
-  std::fill_n(out, cols, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
-  }
+  // Each thread sums its own columns over every row in row order: the single-thread order.
+  parallel_for(cols, std::max<int64_t>(16, grain_for(rows)), [&](int64_t c0, int64_t c1) {
+    std::fill(out + c0, out + c1, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) out[c] += xr[c];
+    }
+  });
 }
 
 Tensor reduce_sum(const Tensor& x, std::optional<int> axis, bool keepdims) {
@@ -511,7 +541,9 @@ Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels, 
   }
   if (probs) {
     float* pp = lsm.data<float>();
-    for (int64_t i = 0, n = lsm.num_elements(); i < n; ++i) pp[i] = std::exp(pp[i]);
+    parallel_for(lsm.num_elements(), kParallelGrainElements / 8, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) pp[i] = std::exp(pp[i]);
+    });
     *probs = std::move(lsm);
   }
   return loss;
@@ -537,7 +569,9 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor*
   }
   if (probs) {
     float* pp = lsm.data<float>();
-    for (int64_t i = 0, n = lsm.num_elements(); i < n; ++i) pp[i] = std::exp(pp[i]);
+    parallel_for(lsm.num_elements(), kParallelGrainElements / 8, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) pp[i] = std::exp(pp[i]);
+    });
     *probs = std::move(lsm);
   }
   return loss;

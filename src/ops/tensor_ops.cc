@@ -41,6 +41,19 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 
 namespace {
 
+// Whether `inner`, without its leading 1s, equals the last dimensions of `outer` (so that
+// `inner` repeats unchanged over outer's leading dimensions).
+bool trailing_dims_match(const Shape& inner, const Shape& outer) {
+  int first = 0;
+  while (first < inner.rank() && inner[first] == 1) ++first;
+  const int k = inner.rank() - first;
+  if (k > outer.rank()) return false;
+  for (int i = 0; i < k; ++i) {
+    if (inner[first + i] != outer[outer.rank() - k + i]) return false;
+  }
+  return true;
+}
+
 template <class F>
 void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const float* pa = a.data<float>();
@@ -68,9 +81,11 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     });
     return;
   }
-  // b broadcasts over rows of a (bias-like): a [..., c], b [c] or [1, c].
-  if (a.num_elements() == n && b.num_elements() == out.dim(-1) && b.dim(-1) == out.dim(-1)) {
-    const int64_t c = out.dim(-1), rows = n / std::max<int64_t>(c, 1);
+  // b broadcasts over the leading dimensions of a (bias-like: a [..., c], b [c] or [1, c]; or a
+  // [B, T, d], b [T, d]): rows of b's size.
+  if (a.num_elements() == n && b.num_elements() > 0 &&
+      trailing_dims_match(b.shape(), out.shape())) {
+    const int64_t c = b.num_elements(), rows = n / c;
     parallel_for(rows, grain_for(c), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         for (int64_t j = 0; j < c; ++j) po[r * c + j] = f(pa[r * c + j], pb[j]);
@@ -152,6 +167,12 @@ Tensor reduce_to_shape(const Tensor& g, const Shape& shape) {
   DTRAIN_CHECK(broadcast_shapes(gs, shape) == gs, "reduce_to_shape: ", shape.to_string(),
                " does not broadcast to ", gs.to_string());
   Tensor out = Tensor::zeros(shape);
+  if (shape.num_elements() > 0 && trailing_dims_match(shape, gs)) {
+    // The sum over g's leading dimensions: per element, over the rows in order, as below.
+    const int64_t c = shape.num_elements();
+    column_sum(g.data<float>(), g.num_elements() / c, c, out.data<float>());
+    return out;
+  }
   const int rank = gs.rank();
   int64_t so[Shape::kMaxRank] = {};
   {

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The built-in CNN of bench/cnn_epoch.sh on both cores, side by side with PyTorch 1.13 (as it
 # comes and with torch.set_flush_denormal(True); speedups against the faster):
-#  - 2 threads: bench_cnn_epoch with 2 threads (OpenBLAS and oneDNN's OpenMP team) against
-#    torch.set_num_threads(2); batch 64.
+#  - 2 threads: bench_cnn_epoch with 2 threads (every kernel of the step on one OpenMP team:
+#    oneDNN's convolutions, the GEMMs in row blocks and dtrain's own kernels) against
+#    torch.set_num_threads(2); batch 64. On a shared machine both sides' spinning teams inflate
+#    wall time many times over; OMP_WAIT_POLICY=passive (for both) avoids most of it.
 #  - 2 workers x 32: `dtrain launch` of two `dtrain fit --arch cnn --strategy multi-worker`
 #    processes (one thread each, Gloo on loopback) against DDP (gloo, 2 processes x 1 thread);
 #    global batch 64.

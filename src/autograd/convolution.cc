@@ -66,19 +66,7 @@ Tensor relu_grad_and_bias_grad(const Node& n, Tensor g, Tensor* db) {
   const int64_t cols = y.dim(-1);
   const int64_t rows = y.num_elements() / std::max<int64_t>(cols, 1);
   *db = Tensor(Shape{cols});
-  float* sum = db->data<float>();
-  std::fill_n(sum, cols, 0.0f);
-  const float* py = y.data<float>();
-  float* pdz = dz.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* yr = py + r * cols;
-    float* dr = pdz + r * cols;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = yr[c] > 0.0f ? dr[c] : 0.0f;
-      dr[c] = v;
-      sum[c] += v;
-    }
-  }
+  ops::relu_backward_column_sum(y.data<float>(), dz.data<float>(), rows, cols, db->data<float>());
   return dz;
 }
 

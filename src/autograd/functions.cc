@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/core/parallel_for.h"
 #include "dtrain/ops/gemm.h"
 #include "tape.h"
 
@@ -281,11 +282,13 @@ void sparse_xent_backward(Tape& t, const Node& n, Tensor g) {
   const float* pp = p.data<float>();
   const float* pg = g.data<float>();
   float* pd = dz.data<float>();
-  for (int64_t b = 0; b < batch; ++b) {
-    const float gb = pg[b];
-    for (int64_t c = 0; c < classes; ++c) pd[b * classes + c] = gb * pp[b * classes + c];
-    pd[b * classes + ops::label_at(labels, b)] -= gb;
-  }
+  parallel_for(batch, grain_for(classes), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float gb = pg[b];
+      for (int64_t c = 0; c < classes; ++c) pd[b * classes + c] = gb * pp[b * classes + c];
+      pd[b * classes + ops::label_at(labels, b)] -= gb;
+    }
+  });
   t.accumulate(n.in[0], std::move(dz));
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/core/parallel_for.h"
 #include "dtrain/ops/tensor_ops.h"
 
 namespace dtrain::detail {
@@ -114,7 +115,9 @@ void Tape::accumulate(int32_t node, Tensor g) {
     // Sole owner: add in place (shapes match: every backward reduces to its input's shape).
     float* dst = slot.data<float>();
     const float* src = g.data<float>();
-    for (int64_t i = 0, n = slot.num_elements(); i < n; ++i) dst[i] += src[i];
+    parallel_for(slot.num_elements(), kParallelGrainElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
+    });
   } else {
     slot = ops::binary(ops::BinaryOp::kAdd, slot, g);
   }

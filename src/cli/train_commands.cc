@@ -293,7 +293,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
     cmd->add_option("--seed", train_flags.seed,
                     "Global random seed: with it, two runs give bitwise-identical weights")
         ->check(unsigned_integer());
-    cmd->add_option("--threads", train_flags.threads, "BLAS threads (default 1)")
+    cmd->add_option("--threads", train_flags.threads, "Threads for the step's kernels (default 1)")
         ->check(int_at_least(1))
         ->check(int_at_most(max_threads(),
                             str_cat("4 per core, and this machine has ", hardware_concurrency())));

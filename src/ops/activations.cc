@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/parallel_for.h"
 #include "vector_math.h"
 
 namespace dtrain::ops {
@@ -73,7 +74,9 @@ bool activation_needs_input(Activation a) {
   return a == Activation::kGelu || a == Activation::kGeluTanh || a == Activation::kSwish;
 }
 
-void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
+namespace {
+
+void softmax_rows_serial(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
@@ -97,7 +100,7 @@ void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols, bool log
   }
 }
 
-void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols, float alpha) {
+void activation_serial(Activation act, float* y, int64_t rows, int64_t cols, float alpha) {
   const int64_t n = rows * cols;
   switch (act) {
     case Activation::kLinear:
@@ -113,10 +116,10 @@ void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols, fl
       for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(y[i]);
       return;
     case Activation::kSoftmax:
-      softmax_rows(y, y, rows, cols, false);
+      softmax_rows_serial(y, y, rows, cols, false);
       return;
     case Activation::kLogSoftmax:
-      softmax_rows(y, y, rows, cols, true);
+      softmax_rows_serial(y, y, rows, cols, true);
       return;
     case Activation::kGelu:
       for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * y[i] * (1.0f + vmath::erf(y[i] * kSqrtHalf));
@@ -162,8 +165,8 @@ void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols, fl
   }
 }
 
-void activation_backward_inplace(Activation act, const float* y, const float* x, float* dz,
-                                 int64_t rows, int64_t cols, float alpha) {
+void activation_backward_serial(Activation act, const float* y, const float* x, float* dz,
+                                int64_t rows, int64_t cols, float alpha) {
   const int64_t n = rows * cols;
   switch (act) {
     case Activation::kLinear:
@@ -261,6 +264,57 @@ void activation_backward_inplace(Activation act, const float* y, const float* x,
   }
 }
 
+bool is_row_wise(Activation act) {
+  return act == Activation::kSoftmax || act == Activation::kLogSoftmax;
+}
+
+// Work per element relative to a relu (for parallel_for's grain): the activations that call
+// exp, erf, tanh or log1p cost about ten (8 keeps ranges whole cache lines).
+int64_t activation_cost(Activation act) {
+  switch (act) {
+    case Activation::kLinear:
+    case Activation::kRelu:
+    case Activation::kLeakyRelu:
+    case Activation::kRelu6:
+    case Activation::kHardSigmoid:
+    case Activation::kSoftsign:
+      return 1;
+    default:
+      return 8;
+  }
+}
+
+}  // namespace
+
+// Rows are independent (the softmaxes reduce within a row only), so each range of rows runs the
+// serial kernel: results do not depend on the thread count.
+void softmax_rows(const float* x, float* y, int64_t rows, int64_t cols, bool log) {
+  parallel_for(rows, grain_for(8 * cols), [&](int64_t begin, int64_t end) {
+    softmax_rows_serial(x + begin * cols, y + begin * cols, end - begin, cols, log);
+  });
+}
+
+// The softmaxes split over rows; every other activation is elementwise and splits over elements.
+void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols, float alpha) {
+  if (act == Activation::kLinear) return;
+  if (is_row_wise(act)) return softmax_rows(y, y, rows, cols, act == Activation::kLogSoftmax);
+  parallel_for(rows * cols, grain_for(activation_cost(act)), [&](int64_t begin, int64_t end) {
+    activation_serial(act, y + begin, 1, end - begin, alpha);
+  });
+}
+
+void activation_backward_inplace(Activation act, const float* y, const float* x, float* dz,
+                                 int64_t rows, int64_t cols, float alpha) {
+  if (act == Activation::kLinear) return;
+  const bool row_wise = is_row_wise(act);
+  const int64_t n = row_wise ? rows : rows * cols, width = row_wise ? cols : 1;
+  parallel_for(n, grain_for(activation_cost(act) * width), [&](int64_t begin, int64_t end) {
+    const int64_t at = begin * width;
+    activation_backward_serial(act, y ? y + at : nullptr, x ? x + at : nullptr, dz + at,
+                               row_wise ? end - begin : 1, row_wise ? cols : end - begin, alpha);
+  });
+}
+
 void activation_backward_inplace(Activation act, const float* y, float* dz, int64_t rows,
                                  int64_t cols) {
   DTRAIN_INTERNAL_CHECK(!activation_needs_input(act), activation_name(act),
@@ -271,23 +325,44 @@ void activation_backward_inplace(Activation act, const float* y, float* dz, int6
 void relu_general(const float* x, float* y, int64_t n, float max_value, float negative_slope,
                   float threshold) {
   const bool capped = max_value >= 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    float o = v > threshold ? v : negative_slope * (v - threshold);
-    if (capped && v >= max_value) o = max_value;
-    y[i] = o;
-  }
+  parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = x[i];
+      float o = v > threshold ? v : negative_slope * (v - threshold);
+      if (capped && v >= max_value) o = max_value;
+      y[i] = o;
+    }
+  });
 }
 
 void relu_general_backward(const float* x, float* dz, int64_t n, float max_value,
                            float negative_slope, float threshold) {
   const bool capped = max_value >= 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    float d = v > threshold ? 1.0f : negative_slope;
-    if (capped && v >= max_value) d = 0.0f;
-    dz[i] *= d;
-  }
+  parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float v = x[i];
+      float d = v > threshold ? 1.0f : negative_slope;
+      if (capped && v >= max_value) d = 0.0f;
+      dz[i] *= d;
+    }
+  });
+}
+
+void relu_backward_column_sum(const float* y, float* dz, int64_t rows, int64_t cols, float* sum) {
+  // Split over columns: each thread masks its columns of every row and sums them over the rows
+  // in order, the single-thread order.
+  parallel_for(cols, std::max<int64_t>(16, grain_for(2 * rows)), [&](int64_t c0, int64_t c1) {
+    std::fill(sum + c0, sum + c1, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* yr = y + r * cols;
+      float* dr = dz + r * cols;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = yr[c] > 0.0f ? dr[c] : 0.0f;
+        dr[c] = v;
+        sum[c] += v;
+      }
+    }
+  });
 }
 
 }  // namespace dtrain::ops

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/parallel_for.h"
 #include "dtrain/ops/tensor_ops.h"
 
 namespace dtrain::ops {
@@ -54,11 +55,15 @@ Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const std::strin
   Tensor out(out_shape);
   const float* pt = table.data<float>();
   float* po = out.data<float>();
+  // Every id is checked before the copies split over positions (a range must not throw).
   for (int64_t p = 0; p < n; ++p) {
     const int64_t id = label_at(ids, p);
     if (id < 0 || id >= vocab) throw_bad_id(ids, p, vocab, who);
-    std::copy_n(pt + id * dim, dim, po + p * dim);
   }
+  parallel_for(n, grain_for(dim), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      std::copy_n(pt + label_at(ids, p) * dim, dim, po + p * dim);
+  });
   return out;
 }
 
@@ -67,11 +72,15 @@ Tensor embedding_gradient(const Tensor& g, const Tensor& ids, int64_t vocab) {
   Tensor dt = Tensor::zeros(Shape{vocab, dim});
   float* pd = dt.data<float>();
   const float* pg = g.data<float>();
-  for (int64_t p = 0; p < n; ++p) {
-    float* row = pd + label_at(ids, p) * dim;
-    const float* gr = pg + p * dim;
-    for (int64_t j = 0; j < dim; ++j) row[j] += gr[j];
-  }
+  // Split over columns: each thread adds its columns of every position, in position order (an
+  // id's row sums its positions in the order one thread would).
+  parallel_for(dim, std::max<int64_t>(16, grain_for(n)), [&](int64_t j0, int64_t j1) {
+    for (int64_t p = 0; p < n; ++p) {
+      float* row = pd + label_at(ids, p) * dim;
+      const float* gr = pg + p * dim;
+      for (int64_t j = j0; j < j1; ++j) row[j] += gr[j];
+    }
+  });
   return dt;
 }
 

@@ -1,10 +1,15 @@
 // Batch and layer normalization kernels. Loops run over contiguous memory innermost: for
 // channels-last layouts (inner = 1) along the channels of a row, otherwise along inner.
+// parallel_for splits them along independent axes only: the normalizing passes over rows, the
+// moment and gradient sums over channels (each channel's sum still runs over the rows in order),
+// so every result is the same for any thread count.
 #include "dtrain/ops/normalization.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "dtrain/core/parallel_for.h"
 
 namespace dtrain::ops {
 namespace {
@@ -23,37 +28,41 @@ double* scratch(size_t slot, int64_t n) {
 
 void channel_sums(const float* x, ChannelLayout l, double* sum, const float* shift, double* sq) {
   const int64_t c = l.channels, inner = l.inner;
-  std::fill_n(sum, c, 0.0);
-  if (shift) std::fill_n(sq, c, 0.0);
-  if (inner == 1) {
+  const int64_t grain =
+      inner == 1 ? std::max<int64_t>(16, grain_for(l.outer)) : grain_for(l.outer * inner);
+  parallel_for(c, grain, [&](int64_t j0, int64_t j1) {
+    std::fill(sum + j0, sum + j1, 0.0);
+    if (shift) std::fill(sq + j0, sq + j1, 0.0);
+    if (inner == 1) {
+      for (int64_t o = 0; o < l.outer; ++o) {
+        const float* xr = x + o * c;
+        for (int64_t j = j0; j < j1; ++j) sum[j] += xr[j];
+        if (shift) {
+          for (int64_t j = j0; j < j1; ++j) {
+            const double d = static_cast<double>(xr[j]) - shift[j];
+            sq[j] += d * d;
+          }
+        }
+      }
+      return;
+    }
     for (int64_t o = 0; o < l.outer; ++o) {
-      const float* xr = x + o * c;
-      for (int64_t j = 0; j < c; ++j) sum[j] += xr[j];
-      if (shift) {
-        for (int64_t j = 0; j < c; ++j) {
-          const double d = static_cast<double>(xr[j]) - shift[j];
-          sq[j] += d * d;
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* xr = x + (o * c + j) * inner;
+        double s = 0, q = 0;
+        for (int64_t i = 0; i < inner; ++i) s += xr[i];
+        if (shift) {
+          const double m = shift[j];
+          for (int64_t i = 0; i < inner; ++i) {
+            const double d = static_cast<double>(xr[i]) - m;
+            q += d * d;
+          }
+          sq[j] += q;
         }
+        sum[j] += s;
       }
     }
-    return;
-  }
-  for (int64_t o = 0; o < l.outer; ++o) {
-    for (int64_t j = 0; j < c; ++j) {
-      const float* xr = x + (o * c + j) * inner;
-      double s = 0, q = 0;
-      for (int64_t i = 0; i < inner; ++i) s += xr[i];
-      if (shift) {
-        const double m = shift[j];
-        for (int64_t i = 0; i < inner; ++i) {
-          const double d = static_cast<double>(xr[i]) - m;
-          q += d * d;
-        }
-        sq[j] += q;
-      }
-      sum[j] += s;
-    }
-  }
+  });
 }
 
 void batch_norm_moments(const float* x, ChannelLayout l, float* mean, float* var) {
@@ -80,24 +89,26 @@ void batch_norm_apply(const float* x, ChannelLayout l, const float* mean, const 
     a[j] = (gamma ? gamma[j] : 1.0f) * inv;
     b[j] = beta ? beta[j] : 0.0f;
   }
-  if (inner == 1) {
-    for (int64_t o = 0; o < l.outer; ++o) {
-      const float* xr = x + o * c;
-      float* yr = y + o * c;
+  parallel_for(l.outer, grain_for(c * inner), [&](int64_t o0, int64_t o1) {
+    if (inner == 1) {
+      for (int64_t o = o0; o < o1; ++o) {
+        const float* xr = x + o * c;
+        float* yr = y + o * c;
+        for (int64_t j = 0; j < c; ++j) {
+          yr[j] = (xr[j] - mean[j]) * static_cast<float>(a[j]) + static_cast<float>(b[j]);
+        }
+      }
+      return;
+    }
+    for (int64_t o = o0; o < o1; ++o) {
       for (int64_t j = 0; j < c; ++j) {
-        yr[j] = (xr[j] - mean[j]) * static_cast<float>(a[j]) + static_cast<float>(b[j]);
+        const float* xr = x + (o * c + j) * inner;
+        float* yr = y + (o * c + j) * inner;
+        const float aj = static_cast<float>(a[j]), mj = mean[j], bj = static_cast<float>(b[j]);
+        for (int64_t i = 0; i < inner; ++i) yr[i] = (xr[i] - mj) * aj + bj;
       }
     }
-    return;
-  }
-  for (int64_t o = 0; o < l.outer; ++o) {
-    for (int64_t j = 0; j < c; ++j) {
-      const float* xr = x + (o * c + j) * inner;
-      float* yr = y + (o * c + j) * inner;
-      const float aj = static_cast<float>(a[j]), mj = mean[j], bj = static_cast<float>(b[j]);
-      for (int64_t i = 0; i < inner; ++i) yr[i] = (xr[i] - mj) * aj + bj;
-    }
-  }
+  });
 }
 
 void batch_norm_backward_sums(const float* dy, const float* x, ChannelLayout l, const float* mean,
@@ -105,32 +116,37 @@ void batch_norm_backward_sums(const float* dy, const float* x, ChannelLayout l, 
   const int64_t c = l.channels, inner = l.inner;
   double* sdy = sums;
   double* sdyx = sums + c;
-  std::fill_n(sums, 2 * c, 0.0);
-  if (inner == 1) {
+  const int64_t grain =
+      inner == 1 ? std::max<int64_t>(16, grain_for(2 * l.outer)) : grain_for(2 * l.outer * inner);
+  parallel_for(c, grain, [&](int64_t j0, int64_t j1) {
+    std::fill(sdy + j0, sdy + j1, 0.0);
+    std::fill(sdyx + j0, sdyx + j1, 0.0);
+    if (inner == 1) {
+      for (int64_t o = 0; o < l.outer; ++o) {
+        const float* g = dy + o * c;
+        const float* xr = x + o * c;
+        for (int64_t j = j0; j < j1; ++j) {
+          sdy[j] += g[j];
+          sdyx[j] += static_cast<double>(g[j]) * ((xr[j] - mean[j]) * inv_std[j]);
+        }
+      }
+      return;
+    }
     for (int64_t o = 0; o < l.outer; ++o) {
-      const float* g = dy + o * c;
-      const float* xr = x + o * c;
-      for (int64_t j = 0; j < c; ++j) {
-        sdy[j] += g[j];
-        sdyx[j] += static_cast<double>(g[j]) * ((xr[j] - mean[j]) * inv_std[j]);
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* g = dy + (o * c + j) * inner;
+        const float* xr = x + (o * c + j) * inner;
+        const float mj = mean[j], ij = inv_std[j];
+        double s = 0, q = 0;
+        for (int64_t i = 0; i < inner; ++i) {
+          s += g[i];
+          q += static_cast<double>(g[i]) * ((xr[i] - mj) * ij);
+        }
+        sdy[j] += s;
+        sdyx[j] += q;
       }
     }
-    return;
-  }
-  for (int64_t o = 0; o < l.outer; ++o) {
-    for (int64_t j = 0; j < c; ++j) {
-      const float* g = dy + (o * c + j) * inner;
-      const float* xr = x + (o * c + j) * inner;
-      const float mj = mean[j], ij = inv_std[j];
-      double s = 0, q = 0;
-      for (int64_t i = 0; i < inner; ++i) {
-        s += g[i];
-        q += static_cast<double>(g[i]) * ((xr[i] - mj) * ij);
-      }
-      sdy[j] += s;
-      sdyx[j] += q;
-    }
-  }
+  });
 }
 
 void batch_norm_backward(const float* dy, const float* x, ChannelLayout l, const float* mean,
@@ -154,28 +170,30 @@ void batch_norm_backward(const float* dy, const float* x, ChannelLayout l, const
     mdy[j] = m > 0 ? s[j] / m : 0.0;
     mdy[c + j] = m > 0 ? s[c + j] / m : 0.0;
   }
-  if (inner == 1) {
-    for (int64_t o = 0; o < l.outer; ++o) {
-      const float* g = dy + o * c;
-      const float* xr = x + o * c;
-      float* d = dx + o * c;
+  parallel_for(l.outer, grain_for(2 * c * inner), [&](int64_t o0, int64_t o1) {
+    if (inner == 1) {
+      for (int64_t o = o0; o < o1; ++o) {
+        const float* g = dy + o * c;
+        const float* xr = x + o * c;
+        float* d = dx + o * c;
+        for (int64_t j = 0; j < c; ++j) {
+          const double xh = (xr[j] - mean[j]) * inv_std[j];
+          d[j] = static_cast<float>(k[j] * (g[j] - mdy[j] - xh * mdy[c + j]));
+        }
+      }
+      return;
+    }
+    for (int64_t o = o0; o < o1; ++o) {
       for (int64_t j = 0; j < c; ++j) {
-        const double xh = (xr[j] - mean[j]) * inv_std[j];
-        d[j] = static_cast<float>(k[j] * (g[j] - mdy[j] - xh * mdy[c + j]));
+        const float* g = dy + (o * c + j) * inner;
+        const float* xr = x + (o * c + j) * inner;
+        float* d = dx + (o * c + j) * inner;
+        const float kj = static_cast<float>(k[j]), a = static_cast<float>(mdy[j]),
+                    b = static_cast<float>(mdy[c + j]), mj = mean[j], ij = inv_std[j];
+        for (int64_t i = 0; i < inner; ++i) d[i] = kj * (g[i] - a - (xr[i] - mj) * ij * b);
       }
     }
-    return;
-  }
-  for (int64_t o = 0; o < l.outer; ++o) {
-    for (int64_t j = 0; j < c; ++j) {
-      const float* g = dy + (o * c + j) * inner;
-      const float* xr = x + (o * c + j) * inner;
-      float* d = dx + (o * c + j) * inner;
-      const float kj = static_cast<float>(k[j]), a = static_cast<float>(mdy[j]),
-                  b = static_cast<float>(mdy[c + j]), mj = mean[j], ij = inv_std[j];
-      for (int64_t i = 0; i < inner; ++i) d[i] = kj * (g[i] - a - (xr[i] - mj) * ij * b);
-    }
-  }
+  });
 }
 
 void batch_norm_inference_backward(const float* dy, const float* x, ChannelLayout l,
@@ -191,78 +209,98 @@ void batch_norm_inference_backward(const float* dy, const float* x, ChannelLayou
     }
   }
   if (!dx) return;
-  for (int64_t o = 0; o < l.outer; ++o) {
-    for (int64_t j = 0; j < c; ++j) {
-      const float k = (gamma ? gamma[j] : 1.0f) * inv_std[j];
-      if (inner == 1) {
-        dx[o * c + j] = dy[o * c + j] * k;
-      } else {
-        const int64_t base = (o * c + j) * inner;
-        for (int64_t i = 0; i < inner; ++i) dx[base + i] = dy[base + i] * k;
+  parallel_for(l.outer, grain_for(c * inner), [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      for (int64_t j = 0; j < c; ++j) {
+        const float k = (gamma ? gamma[j] : 1.0f) * inv_std[j];
+        if (inner == 1) {
+          dx[o * c + j] = dy[o * c + j] * k;
+        } else {
+          const int64_t base = (o * c + j) * inner;
+          for (int64_t i = 0; i < inner; ++i) dx[base + i] = dy[base + i] * k;
+        }
       }
     }
-  }
+  });
 }
 
 void layer_norm_forward(const float* x, int64_t rows, int64_t d, const float* gamma,
                         const float* beta, float epsilon, float* y, float* stats) {
   const double inv_d = d > 0 ? 1.0 / static_cast<double>(d) : 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * d;
-    float* yr = y + r * d;
-    double s = 0;
-    for (int64_t j = 0; j < d; ++j) s += xr[j];
-    const float mean = static_cast<float>(s * inv_d);
-    double q = 0;
-    for (int64_t j = 0; j < d; ++j) {
-      const double dv = static_cast<double>(xr[j]) - mean;
-      q += dv * dv;
+  parallel_for(rows, grain_for(3 * d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * d;
+      float* yr = y + r * d;
+      double s = 0;
+      for (int64_t j = 0; j < d; ++j) s += xr[j];
+      const float mean = static_cast<float>(s * inv_d);
+      double q = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        const double dv = static_cast<double>(xr[j]) - mean;
+        q += dv * dv;
+      }
+      const float inv = 1.0f / std::sqrt(static_cast<float>(q * inv_d) + epsilon);
+      if (stats) {
+        stats[2 * r] = mean;
+        stats[2 * r + 1] = inv;
+      }
+      for (int64_t j = 0; j < d; ++j) {
+        const float xh = (xr[j] - mean) * inv;
+        yr[j] = xh * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
+      }
     }
-    const float inv = 1.0f / std::sqrt(static_cast<float>(q * inv_d) + epsilon);
-    if (stats) {
-      stats[2 * r] = mean;
-      stats[2 * r + 1] = inv;
-    }
-    for (int64_t j = 0; j < d; ++j) {
-      const float xh = (xr[j] - mean) * inv;
-      yr[j] = xh * (gamma ? gamma[j] : 1.0f) + (beta ? beta[j] : 0.0f);
-    }
-  }
+  });
 }
 
 void layer_norm_backward(const float* dy, const float* x, int64_t rows, int64_t d,
                          const float* stats, const float* gamma, float* dx, float* dgamma,
                          float* dbeta) {
+  const double inv_d = d > 0 ? 1.0 / static_cast<double>(d) : 0.0;
+  // dx row by row (each row's sums stay within the row), split over rows.
+  if (dx) {
+    parallel_for(rows, grain_for(4 * d), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* g = dy + r * d;
+        const float* xr = x + r * d;
+        const float mean = stats[2 * r], inv = stats[2 * r + 1];
+        double s1 = 0, s2 = 0;
+        for (int64_t j = 0; j < d; ++j) {
+          const float xh = (xr[j] - mean) * inv;
+          const float gh = g[j] * (gamma ? gamma[j] : 1.0f);
+          s1 += gh;
+          s2 += static_cast<double>(gh) * xh;
+        }
+        const float a = static_cast<float>(s1 * inv_d), b = static_cast<float>(s2 * inv_d);
+        float* dr = dx + r * d;
+        for (int64_t j = 0; j < d; ++j) {
+          const float xh = (xr[j] - mean) * inv;
+          const float gh = g[j] * (gamma ? gamma[j] : 1.0f);
+          dr[j] = inv * (gh - a - xh * b);
+        }
+      }
+    });
+  }
+  if (!dgamma && !dbeta) return;
+  // dγ and dβ: sums over rows per column, split over columns; each column's sum runs over the
+  // rows in order (with x̂ recomputed exactly as above).
   double* sg = scratch(0, d);
   double* sb = scratch(1, d);
-  const double inv_d = d > 0 ? 1.0 / static_cast<double>(d) : 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = dy + r * d;
-    const float* xr = x + r * d;
-    const float mean = stats[2 * r], inv = stats[2 * r + 1];
-    double s1 = 0, s2 = 0;
-    for (int64_t j = 0; j < d; ++j) {
-      const float xh = (xr[j] - mean) * inv;
-      const float gh = g[j] * (gamma ? gamma[j] : 1.0f);
-      s1 += gh;
-      s2 += static_cast<double>(gh) * xh;
-      sg[j] += static_cast<double>(g[j]) * xh;
-      sb[j] += g[j];
-    }
-    if (dx) {
-      const float a = static_cast<float>(s1 * inv_d), b = static_cast<float>(s2 * inv_d);
-      float* dr = dx + r * d;
-      for (int64_t j = 0; j < d; ++j) {
+  parallel_for(d, std::max<int64_t>(16, grain_for(3 * rows)), [&](int64_t j0, int64_t j1) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* g = dy + r * d;
+      const float* xr = x + r * d;
+      const float mean = stats[2 * r], inv = stats[2 * r + 1];
+      for (int64_t j = j0; j < j1; ++j) {
         const float xh = (xr[j] - mean) * inv;
-        const float gh = g[j] * (gamma ? gamma[j] : 1.0f);
-        dr[j] = inv * (gh - a - xh * b);
+        sg[j] += static_cast<double>(g[j]) * xh;
+        sb[j] += g[j];
       }
     }
-  }
-  for (int64_t j = 0; j < d; ++j) {
-    if (dgamma) dgamma[j] = static_cast<float>(sg[j]);
-    if (dbeta) dbeta[j] = static_cast<float>(sb[j]);
-  }
+    for (int64_t j = j0; j < j1; ++j) {
+      if (dgamma) dgamma[j] = static_cast<float>(sg[j]);
+      if (dbeta) dbeta[j] = static_cast<float>(sb[j]);
+    }
+  });
 }
 
 }  // namespace dtrain::ops

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/parallel_for.h"
 #include "max_pool_2x2.h"
 
 namespace dtrain::ops {
@@ -66,60 +67,63 @@ Window window(const PoolGeometry& g, int64_t oy, int64_t ox) {
 // channels. Writes 0 + dy as the general path's += into zeros does (so −0 becomes +0).
 void max_pool_backward_tiled(const PoolGeometry& g, const float* px, const float* pdy, float* pdx) {
   constexpr int64_t kBlock = 64;
-  // Per channel of the block: the window's maximum, and an all-ones mask while no position has
-  // taken the gradient yet (integer masks, so that the loops vectorize).
-  alignas(32) float m[kBlock];
-  alignas(32) uint32_t open[kBlock];
-  alignas(32) uint32_t grad[kBlock];
   const int64_t row = g.w * g.c;
   const int64_t covered_h = std::min(g.oh * g.sh, g.h), covered_w = std::min(g.ow * g.sw, g.w);
-  for (int64_t n = 0; n < g.n; ++n) {
-    const float* img = px + n * g.h * row;
-    float* dimg = pdx + n * g.h * row;
-    for (int64_t oy = 0; oy < g.oh; ++oy) {
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const Window win = window(g, oy, ox);
-        const float* gy = pdy + ((n * g.oh + oy) * g.ow + ox) * g.c;
-        for (int64_t c0 = 0; c0 < g.c; c0 += kBlock) {
-          const int64_t cb = std::min(kBlock, g.c - c0);
-          const float* first = img + (win.y0 * g.w + win.x0) * g.c + c0;
-          for (int64_t c = 0; c < cb; ++c) {
-            m[c] = first[c];
-            open[c] = ~0u;
-            grad[c] = std::bit_cast<uint32_t>(0.0f + gy[c0 + c]);
-          }
-          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-              const float* src = img + (iy * g.w + ix) * g.c + c0;
-              for (int64_t c = 0; c < cb; ++c) m[c] = src[c] > m[c] ? src[c] : m[c];
+  // Images are independent: the batch splits over parallel_for's threads.
+  parallel_for(g.n, grain_for(2 * g.h * row), [&](int64_t n_begin, int64_t n_end) {
+    // Per channel of the block: the window's maximum, and an all-ones mask while no position has
+    // taken the gradient yet (integer masks, so that the loops vectorize).
+    alignas(32) float m[kBlock];
+    alignas(32) uint32_t open[kBlock];
+    alignas(32) uint32_t grad[kBlock];
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      const float* img = px + n * g.h * row;
+      float* dimg = pdx + n * g.h * row;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const Window win = window(g, oy, ox);
+          const float* gy = pdy + ((n * g.oh + oy) * g.ow + ox) * g.c;
+          for (int64_t c0 = 0; c0 < g.c; c0 += kBlock) {
+            const int64_t cb = std::min(kBlock, g.c - c0);
+            const float* first = img + (win.y0 * g.w + win.x0) * g.c + c0;
+            for (int64_t c = 0; c < cb; ++c) {
+              m[c] = first[c];
+              open[c] = ~0u;
+              grad[c] = std::bit_cast<uint32_t>(0.0f + gy[c0 + c]);
             }
-          }
-          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-              const int64_t at = (iy * g.w + ix) * g.c + c0;
-              const float* src = img + at;
-              float* d = dimg + at;
-              for (int64_t c = 0; c < cb; ++c) {
-                const uint32_t hit = (src[c] == m[c] ? ~0u : 0u) & open[c];
-                open[c] &= ~hit;
-                d[c] = std::bit_cast<float>(grad[c] & hit);
+            for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+              for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+                const float* src = img + (iy * g.w + ix) * g.c + c0;
+                for (int64_t c = 0; c < cb; ++c) m[c] = src[c] > m[c] ? src[c] : m[c];
               }
             }
-          }
-          // A NaN maximum equals nothing: the first position takes the gradient.
-          float* d = dimg + (win.y0 * g.w + win.x0) * g.c + c0;
-          for (int64_t c = 0; c < cb; ++c) {
-            d[c] = std::bit_cast<float>(std::bit_cast<uint32_t>(d[c]) | (grad[c] & open[c]));
+            for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+              for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+                const int64_t at = (iy * g.w + ix) * g.c + c0;
+                const float* src = img + at;
+                float* d = dimg + at;
+                for (int64_t c = 0; c < cb; ++c) {
+                  const uint32_t hit = (src[c] == m[c] ? ~0u : 0u) & open[c];
+                  open[c] &= ~hit;
+                  d[c] = std::bit_cast<float>(grad[c] & hit);
+                }
+              }
+            }
+            // A NaN maximum equals nothing: the first position takes the gradient.
+            float* d = dimg + (win.y0 * g.w + win.x0) * g.c + c0;
+            for (int64_t c = 0; c < cb; ++c) {
+              d[c] = std::bit_cast<float>(std::bit_cast<uint32_t>(d[c]) | (grad[c] & open[c]));
+            }
           }
         }
+        // Columns right of the last window in this band of rows.
+        for (int64_t iy = oy * g.sh; iy < std::min((oy + 1) * g.sh, g.h); ++iy) {
+          std::fill(dimg + iy * row + covered_w * g.c, dimg + (iy + 1) * row, 0.0f);
+        }
       }
-      // Columns right of the last window in this band of rows.
-      for (int64_t iy = oy * g.sh; iy < std::min((oy + 1) * g.sh, g.h); ++iy) {
-        std::fill(dimg + iy * row + covered_w * g.c, dimg + (iy + 1) * row, 0.0f);
-      }
+      std::fill(dimg + covered_h * row, dimg + g.h * row, 0.0f);  // rows below the last window
     }
-    std::fill(dimg + covered_h * row, dimg + g.h * row, 0.0f);  // rows below the last window
-  }
+  });
 }
 
 }  // namespace
@@ -134,34 +138,36 @@ Tensor pool2d(PoolKind kind, const Tensor& x, const Pool2DAttrs& a, const char* 
     detail::max_pool_2x2_forward(v, px, py);
     return y;
   }
-  for (int64_t n = 0; n < g.n; ++n) {
-    const float* img = px + n * g.h * g.w * g.c;
-    for (int64_t oy = 0; oy < g.oh; ++oy) {
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const Window win = window(g, oy, ox);
-        float* out = py + ((n * g.oh + oy) * g.ow + ox) * g.c;
-        if (kind == PoolKind::kMax) {
-          std::fill_n(out, g.c, -std::numeric_limits<float>::infinity());
-          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-              const float* src = img + (iy * g.w + ix) * g.c;
-              for (int64_t c = 0; c < g.c; ++c) out[c] = std::max(out[c], src[c]);
+  parallel_for(g.n, grain_for(g.h * g.w * g.c), [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      const float* img = px + n * g.h * g.w * g.c;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const Window win = window(g, oy, ox);
+          float* out = py + ((n * g.oh + oy) * g.ow + ox) * g.c;
+          if (kind == PoolKind::kMax) {
+            std::fill_n(out, g.c, -std::numeric_limits<float>::infinity());
+            for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+              for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+                const float* src = img + (iy * g.w + ix) * g.c;
+                for (int64_t c = 0; c < g.c; ++c) out[c] = std::max(out[c], src[c]);
+              }
             }
-          }
-        } else {
-          std::fill_n(out, g.c, 0.0f);
-          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-              const float* src = img + (iy * g.w + ix) * g.c;
-              for (int64_t c = 0; c < g.c; ++c) out[c] += src[c];
+          } else {
+            std::fill_n(out, g.c, 0.0f);
+            for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+              for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+                const float* src = img + (iy * g.w + ix) * g.c;
+                for (int64_t c = 0; c < g.c; ++c) out[c] += src[c];
+              }
             }
+            const float inv = 1.0f / static_cast<float>((win.y1 - win.y0) * (win.x1 - win.x0));
+            for (int64_t c = 0; c < g.c; ++c) out[c] *= inv;
           }
-          const float inv = 1.0f / static_cast<float>((win.y1 - win.y0) * (win.x1 - win.x0));
-          for (int64_t c = 0; c < g.c; ++c) out[c] *= inv;
         }
       }
     }
-  }
+  });
   return y;
 }
 
@@ -185,37 +191,39 @@ Tensor pool2d_backward(PoolKind kind, const Tensor& x, const Tensor& dy, const P
   }
   Tensor dx = Tensor::zeros(x.shape());
   float* pdx = dx.data<float>();
-  for (int64_t n = 0; n < g.n; ++n) {
-    const float* img = px + n * g.h * g.w * g.c;
-    float* dimg = pdx + n * g.h * g.w * g.c;
-    for (int64_t oy = 0; oy < g.oh; ++oy) {
-      for (int64_t ox = 0; ox < g.ow; ++ox) {
-        const Window win = window(g, oy, ox);
-        const float* gy = pdy + ((n * g.oh + oy) * g.ow + ox) * g.c;
-        if (kind == PoolKind::kMax) {
-          for (int64_t c = 0; c < g.c; ++c) {
-            int64_t best = -1;
-            float best_v = -std::numeric_limits<float>::infinity();
+  parallel_for(g.n, grain_for(2 * g.h * g.w * g.c), [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t n = n_begin; n < n_end; ++n) {
+      const float* img = px + n * g.h * g.w * g.c;
+      float* dimg = pdx + n * g.h * g.w * g.c;
+      for (int64_t oy = 0; oy < g.oh; ++oy) {
+        for (int64_t ox = 0; ox < g.ow; ++ox) {
+          const Window win = window(g, oy, ox);
+          const float* gy = pdy + ((n * g.oh + oy) * g.ow + ox) * g.c;
+          if (kind == PoolKind::kMax) {
+            for (int64_t c = 0; c < g.c; ++c) {
+              int64_t best = -1;
+              float best_v = -std::numeric_limits<float>::infinity();
+              for (int64_t iy = win.y0; iy < win.y1; ++iy) {
+                for (int64_t ix = win.x0; ix < win.x1; ++ix) {
+                  const int64_t at = (iy * g.w + ix) * g.c + c;
+                  if (best < 0 || img[at] > best_v) best = at, best_v = img[at];
+                }
+              }
+              dimg[best] += gy[c];
+            }
+          } else {
+            const float inv = 1.0f / static_cast<float>((win.y1 - win.y0) * (win.x1 - win.x0));
             for (int64_t iy = win.y0; iy < win.y1; ++iy) {
               for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-                const int64_t at = (iy * g.w + ix) * g.c + c;
-                if (best < 0 || img[at] > best_v) best = at, best_v = img[at];
+                float* d = dimg + (iy * g.w + ix) * g.c;
+                for (int64_t c = 0; c < g.c; ++c) d[c] += gy[c] * inv;
               }
-            }
-            dimg[best] += gy[c];
-          }
-        } else {
-          const float inv = 1.0f / static_cast<float>((win.y1 - win.y0) * (win.x1 - win.x0));
-          for (int64_t iy = win.y0; iy < win.y1; ++iy) {
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) {
-              float* d = dimg + (iy * g.w + ix) * g.c;
-              for (int64_t c = 0; c < g.c; ++c) d[c] += gy[c] * inv;
             }
           }
         }
       }
     }
-  }
+  });
   return dx;
 }
 
@@ -235,23 +243,25 @@ Tensor global_pool(PoolKind kind, const Tensor& x) {
   Tensor y(Shape{n, c});
   const float* px = x.data<float>();
   float* py = y.data<float>();
-  for (int64_t b = 0; b < n; ++b) {
-    float* out = py + b * c;
-    const float* img = px + b * s * c;
-    std::copy_n(img, c, out);
-    for (int64_t i = 1; i < s; ++i) {
-      const float* src = img + i * c;
-      if (kind == PoolKind::kMax) {
-        for (int64_t k = 0; k < c; ++k) out[k] = std::max(out[k], src[k]);
-      } else {
-        for (int64_t k = 0; k < c; ++k) out[k] += src[k];
+  parallel_for(n, grain_for(s * c), [&](int64_t b_begin, int64_t b_end) {
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      float* out = py + b * c;
+      const float* img = px + b * s * c;
+      std::copy_n(img, c, out);
+      for (int64_t i = 1; i < s; ++i) {
+        const float* src = img + i * c;
+        if (kind == PoolKind::kMax) {
+          for (int64_t k = 0; k < c; ++k) out[k] = std::max(out[k], src[k]);
+        } else {
+          for (int64_t k = 0; k < c; ++k) out[k] += src[k];
+        }
+      }
+      if (kind == PoolKind::kAverage) {
+        const float inv = 1.0f / static_cast<float>(s);
+        for (int64_t k = 0; k < c; ++k) out[k] *= inv;
       }
     }
-    if (kind == PoolKind::kAverage) {
-      const float inv = 1.0f / static_cast<float>(s);
-      for (int64_t k = 0; k < c; ++k) out[k] *= inv;
-    }
-  }
+  });
   return y;
 }
 
@@ -266,25 +276,27 @@ Tensor global_pool_backward(PoolKind kind, const Tensor& x, const Tensor& dy) {
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  for (int64_t b = 0; b < n; ++b) {
-    const float* img = px + b * s * c;
-    float* dimg = pdx + b * s * c;
-    const float* g = pdy + b * c;
-    if (kind == PoolKind::kAverage) {
-      const float inv = 1.0f / static_cast<float>(s);
-      for (int64_t i = 0; i < s; ++i) {
-        for (int64_t k = 0; k < c; ++k) dimg[i * c + k] = g[k] * inv;
+  parallel_for(n, grain_for(s * c), [&](int64_t b_begin, int64_t b_end) {
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      const float* img = px + b * s * c;
+      float* dimg = pdx + b * s * c;
+      const float* g = pdy + b * c;
+      if (kind == PoolKind::kAverage) {
+        const float inv = 1.0f / static_cast<float>(s);
+        for (int64_t i = 0; i < s; ++i) {
+          for (int64_t k = 0; k < c; ++k) dimg[i * c + k] = g[k] * inv;
+        }
+        continue;
       }
-      continue;
-    }
-    for (int64_t k = 0; k < c; ++k) {
-      int64_t best = 0;
-      for (int64_t i = 1; i < s; ++i) {
-        if (img[i * c + k] > img[best * c + k]) best = i;
+      for (int64_t k = 0; k < c; ++k) {
+        int64_t best = 0;
+        for (int64_t i = 1; i < s; ++i) {
+          if (img[i * c + k] > img[best * c + k]) best = i;
+        }
+        dimg[best * c + k] = g[k];
       }
-      dimg[best * c + k] = g[k];
     }
-  }
+  });
   return dx;
 }
 

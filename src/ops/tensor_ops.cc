@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dtrain/core/parallel_for.h"
 #include "dtrain/ops/gemm.h"
 
 namespace dtrain::ops {
@@ -40,32 +41,56 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 
 namespace {
 
+// Whether `inner`, without its leading 1s, equals the last dimensions of `outer` (so that
+// `inner` repeats unchanged over outer's leading dimensions).
+bool trailing_dims_match(const Shape& inner, const Shape& outer) {
+  int first = 0;
+  while (first < inner.rank() && inner[first] == 1) ++first;
+  const int k = inner.rank() - first;
+  if (k > outer.rank()) return false;
+  for (int i = 0; i < k; ++i) {
+    if (inner[first + i] != outer[outer.rank() - k + i]) return false;
+  }
+  return true;
+}
+
 template <class F>
 void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
   const int64_t n = out.num_elements();
+  // The elementwise cases split over elements (or rows), each computed alone.
   if (a.shape() == b.shape()) {
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], pb[i]);
+    });
     return;
   }
   if (b.num_elements() == 1 && a.num_elements() == n) {
     const float s = pb[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
+    parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(pa[i], s);
+    });
     return;
   }
   if (a.num_elements() == 1 && b.num_elements() == n) {
     const float s = pa[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(s, pb[i]);
+    parallel_for(n, kParallelGrainElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) po[i] = f(s, pb[i]);
+    });
     return;
   }
-  // b broadcasts over rows of a (bias-like): a [..., c], b [c] or [1, c].
-  if (a.num_elements() == n && b.num_elements() == out.dim(-1) && b.dim(-1) == out.dim(-1)) {
-    const int64_t c = out.dim(-1), rows = n / std::max<int64_t>(c, 1);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t j = 0; j < c; ++j) po[r * c + j] = f(pa[r * c + j], pb[j]);
-    }
+  // b broadcasts over the leading dimensions of a (bias-like: a [..., c], b [c] or [1, c]; or a
+  // [B, T, d], b [T, d]): rows of b's size.
+  if (a.num_elements() == n && b.num_elements() > 0 &&
+      trailing_dims_match(b.shape(), out.shape())) {
+    const int64_t c = b.num_elements(), rows = n / c;
+    parallel_for(rows, grain_for(c), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t j = 0; j < c; ++j) po[r * c + j] = f(pa[r * c + j], pb[j]);
+      }
+    });
     return;
   }
   // General case: walk the output with per-operand strides (0 on broadcast dimensions).
@@ -142,6 +167,12 @@ Tensor reduce_to_shape(const Tensor& g, const Shape& shape) {
   DTRAIN_CHECK(broadcast_shapes(gs, shape) == gs, "reduce_to_shape: ", shape.to_string(),
                " does not broadcast to ", gs.to_string());
   Tensor out = Tensor::zeros(shape);
+  if (shape.num_elements() > 0 && trailing_dims_match(shape, gs)) {
+    // The sum over g's leading dimensions: per element, over the rows in order, as below.
+    const int64_t c = shape.num_elements();
+    column_sum(g.data<float>(), g.num_elements() / c, c, out.data<float>());
+    return out;
+  }
   const int rank = gs.rank();
   int64_t so[Shape::kMaxRank] = {};
   {
@@ -172,41 +203,52 @@ Tensor reduce_to_shape(const Tensor& g, const Shape& shape) {
   return out;
 }
 
+namespace {
+
+void unary_range(UnaryOp op, const float* px, float* po, int64_t begin, int64_t end) {
+  switch (op) {
+    case UnaryOp::kNeg:
+      for (int64_t i = begin; i < end; ++i) po[i] = -px[i];
+      break;
+    case UnaryOp::kExp:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::exp(px[i]);
+      break;
+    case UnaryOp::kLog:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::log(px[i]);
+      break;
+    case UnaryOp::kSqrt:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::sqrt(px[i]);
+      break;
+    case UnaryOp::kSquare:
+      for (int64_t i = begin; i < end; ++i) po[i] = px[i] * px[i];
+      break;
+    case UnaryOp::kAbs:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::fabs(px[i]);
+      break;
+    case UnaryOp::kRelu:
+      for (int64_t i = begin; i < end; ++i) po[i] = px[i] < 0 ? 0.0f : px[i];
+      break;
+    case UnaryOp::kSigmoid:
+      for (int64_t i = begin; i < end; ++i) po[i] = sigmoid_scalar(px[i]);
+      break;
+    case UnaryOp::kTanh:
+      for (int64_t i = begin; i < end; ++i) po[i] = std::tanh(px[i]);
+      break;
+  }
+}
+
+}  // namespace
+
 Tensor unary(UnaryOp op, const Tensor& x) {
   check_float(x, "unary op");
   Tensor out(x.shape());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  const int64_t n = x.num_elements();
-  switch (op) {
-    case UnaryOp::kNeg:
-      for (int64_t i = 0; i < n; ++i) po[i] = -px[i];
-      break;
-    case UnaryOp::kExp:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::exp(px[i]);
-      break;
-    case UnaryOp::kLog:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::log(px[i]);
-      break;
-    case UnaryOp::kSqrt:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::sqrt(px[i]);
-      break;
-    case UnaryOp::kSquare:
-      for (int64_t i = 0; i < n; ++i) po[i] = px[i] * px[i];
-      break;
-    case UnaryOp::kAbs:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::fabs(px[i]);
-      break;
-    case UnaryOp::kRelu:
-      for (int64_t i = 0; i < n; ++i) po[i] = px[i] < 0 ? 0.0f : px[i];
-      break;
-    case UnaryOp::kSigmoid:
-      for (int64_t i = 0; i < n; ++i) po[i] = sigmoid_scalar(px[i]);
-      break;
-    case UnaryOp::kTanh:
-      for (int64_t i = 0; i < n; ++i) po[i] = std::tanh(px[i]);
-      break;
-  }
+  // Elementwise: ranges of elements on parallel_for's threads (the libm calls cost about eight).
+  const bool cheap =
+      op == UnaryOp::kNeg || op == UnaryOp::kSquare || op == UnaryOp::kAbs || op == UnaryOp::kRelu;
+  parallel_for(x.num_elements(), cheap ? kParallelGrainElements : kParallelGrainElements / 8,
+               [&](int64_t begin, int64_t end) { unary_range(op, px, po, begin, end); });
   return out;
 }
 
@@ -215,7 +257,9 @@ Tensor affine(const Tensor& x, float alpha, float beta) {
   Tensor out(x.shape());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) po[i] = px[i] * alpha + beta;
+  parallel_for(x.num_elements(), kParallelGrainElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) po[i] = px[i] * alpha + beta;
+  });
   return out;
 }
 
@@ -224,7 +268,9 @@ Tensor clip(const Tensor& x, float lo, float hi) {
   Tensor out(x.shape());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) po[i] = std::min(std::max(px[i], lo), hi);
+  parallel_for(x.num_elements(), kParallelGrainElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) po[i] = std::min(std::max(px[i], lo), hi);
+  });
   return out;
 }
 
@@ -258,18 +304,23 @@ void bias_add_inplace(Tensor& y, const Tensor& b) {
   float* py = y.data<float>();
   const float* pb = b.data<float>();
   const int64_t rows = y.num_elements() / std::max<int64_t>(cols, 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* yr = py + r * cols;
-    for (int64_t c = 0; c < cols; ++c) yr[c] += pb[c];
-  }
+  parallel_for(rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* yr = py + r * cols;
+      for (int64_t c = 0; c < cols; ++c) yr[c] += pb[c];
+    }
+  });
 }
 
 void column_sum(const float* x, int64_t rows, int64_t cols, float* out) {
-  std::fill_n(out, cols, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
-  }
+  // Each thread sums its own columns over every row in row order: the single-thread order.
+  parallel_for(cols, std::max<int64_t>(16, grain_for(rows)), [&](int64_t c0, int64_t c1) {
+    std::fill(out + c0, out + c1, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * cols;
+      for (int64_t c = c0; c < c1; ++c) out[c] += xr[c];
+    }
+  });
 }
 
 Tensor reduce_sum(const Tensor& x, std::optional<int> axis, bool keepdims) {
@@ -478,82 +529,6 @@ int64_t label_at(const Tensor& labels, int64_t i) {
     default:
       throw InvalidArgumentError(str_cat("labels: unsupported dtype ", dtype_name(labels.dtype())));
   }
-}
-
-namespace {
-void check_sparse_labels(const Tensor& x, const Tensor& labels, const char* fn) {
-  DTRAIN_CHECK(x.rank() == 2, fn, ": expected predictions of rank 2 [batch, classes], got ",
-               x.shape().to_string());
-  DTRAIN_CHECK(labels.defined(), fn, ": undefined labels");
-  DTRAIN_CHECK(labels.num_elements() == x.dim(0), fn, ": ", labels.num_elements(),
-               " labels (shape ", labels.shape().to_string(), ") for a batch of ", x.dim(0),
-               " predictions");
-}
-int64_t checked_label(const Tensor& labels, int64_t b, int64_t classes, const char* fn) {
-  const int64_t y = label_at(labels, b);
-  DTRAIN_CHECK(y >= 0 && y < classes, fn, ": label ", y, " of example ", b,
-               " is outside the valid range [0, ", classes, ")");
-  return y;
-}
-}  // namespace
-
-Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* probs) {
-  check_float(logits, "sparse_softmax_cross_entropy");
-  check_sparse_labels(logits, labels, "sparse_softmax_cross_entropy");
-  const int64_t batch = logits.dim(0), classes = logits.dim(1);
-  Tensor lsm(logits.shape());
-  softmax_rows(logits.data<float>(), lsm.data<float>(), batch, classes, true);
-  Tensor loss(Shape{batch});
-  float* pl = loss.data<float>();
-  const float* ps = lsm.data<float>();
-  for (int64_t b = 0; b < batch; ++b) {
-    pl[b] = -ps[b * classes + checked_label(labels, b, classes, "sparse_softmax_cross_entropy")];
-  }
-  if (probs) {
-    float* pp = lsm.data<float>();
-    for (int64_t i = 0, n = lsm.num_elements(); i < n; ++i) pp[i] = std::exp(pp[i]);
-    *probs = std::move(lsm);
-  }
-  return loss;
-}
-
-Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* probs) {
-  check_float(logits, "softmax_cross_entropy");
-  check_float(labels, "softmax_cross_entropy");
-  DTRAIN_CHECK(logits.rank() == 2 && labels.shape() == logits.shape(),
-               "softmax_cross_entropy: labels ", labels.shape().to_string(), " and logits ",
-               logits.shape().to_string(), " must both be [batch, classes]");
-  const int64_t batch = logits.dim(0), classes = logits.dim(1);
-  Tensor lsm(logits.shape());
-  softmax_rows(logits.data<float>(), lsm.data<float>(), batch, classes, true);
-  Tensor loss(Shape{batch});
-  const float* ps = lsm.data<float>();
-  const float* py = labels.data<float>();
-  float* pl = loss.data<float>();
-  for (int64_t b = 0; b < batch; ++b) {
-    float s = 0;
-    for (int64_t c = 0; c < classes; ++c) s -= py[b * classes + c] * ps[b * classes + c];
-    pl[b] = s;
-  }
-  if (probs) {
-    float* pp = lsm.data<float>();
-    for (int64_t i = 0, n = lsm.num_elements(); i < n; ++i) pp[i] = std::exp(pp[i]);
-    *probs = std::move(lsm);
-  }
-  return loss;
-}
-
-Tensor pick(const Tensor& x, const Tensor& labels) {
-  check_float(x, "pick");
-  check_sparse_labels(x, labels, "pick");
-  const int64_t batch = x.dim(0), classes = x.dim(1);
-  Tensor out(Shape{batch});
-  const float* px = x.data<float>();
-  float* po = out.data<float>();
-  for (int64_t b = 0; b < batch; ++b) {
-    po[b] = px[b * classes + checked_label(labels, b, classes, "sparse categorical loss")];
-  }
-  return out;
 }
 
 bool all_finite(const Tensor& x) {

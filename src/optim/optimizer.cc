@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/parallel_for.h"
 #include "dtrain/ops/optimizer_kernels.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/optim/rmsprop.h"
@@ -223,16 +224,25 @@ float Optimizer::global_clipnorm_scale(double total, double global_clipnorm) {
 
 void Optimizer::compute_clip_scales(std::span<const Tensor> grads) {
   clip_scales_.assign(grads.size(), 1.0f);  // keeps its capacity: no allocation after the first
+  // Each gradient's Σ g² (squared_norm: row by row), gradients split over parallel_for's threads; the
+  // global sum then adds them in gradient order, as one thread would.
+  thread_local std::vector<double> sums;  // grows to the most gradients, then allocates nothing
+  sums.assign(grads.size(), 0.0);
+  double* const sum = sums.data();  // (a thread_local named in the lambda is each thread's own)
+  parallel_for(static_cast<int64_t>(grads.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (grads[i].defined()) sum[i] = squared_norm(grads[i]);
+    }
+  });
   if (clipping_.clipnorm > 0.0) {
     for (size_t i = 0; i < grads.size(); ++i) {
-      if (grads[i].defined())
-        clip_scales_[i] = clipnorm_scale(squared_norm(grads[i]), clipping_.clipnorm);
+      if (grads[i].defined()) clip_scales_[i] = clipnorm_scale(sums[i], clipping_.clipnorm);
     }
     return;
   }
   double total = 0.0;
-  for (const Tensor& g : grads) {
-    if (g.defined()) total += squared_norm(g);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined()) total += sums[i];
   }
   std::fill(clip_scales_.begin(), clip_scales_.end(),
             global_clipnorm_scale(total, clipping_.global_clipnorm));
@@ -266,12 +276,16 @@ void Optimizer::update_part(std::span<const Tensor> grads, std::span<Variable* c
     const float* gp = g.data<float>() + begin;
     if (clip_value > 0.0f) {
       float* c = set.clipped + begin;
-      for (int64_t k = 0; k < n; ++k) c[k] = std::clamp(gp[k], -clip_value, clip_value);
+      parallel_for(n, kParallelGrainElements, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) c[k] = std::clamp(gp[k], -clip_value, clip_value);
+      });
       gp = c;
     } else if (by_norm && clip_scales_[i] != 1.0f) {
       const float scale = clip_scales_[i];
       float* c = set.clipped + begin;
-      for (int64_t k = 0; k < n; ++k) c[k] = gp[k] * scale;
+      parallel_for(n, kParallelGrainElements, [&](int64_t k0, int64_t k1) {
+        for (int64_t k = k0; k < k1; ++k) c[k] = gp[k] * scale;
+      });
       gp = c;
     }
     std::array<float*, kMaxSlots> slots{};

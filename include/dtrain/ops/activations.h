@@ -59,6 +59,10 @@ void activation_backward_inplace(Activation act, const float* y, const float* x,
 void activation_backward_inplace(Activation act, const float* y, float* dz, int64_t rows,
                                  int64_t cols);
 
+// ReLU's backward and the bias gradient in one pass over dz [rows, cols]: dz ← dy ⊙ [y > 0] in
+// place, sum[c] = Σ_r dz[r, c] (float, summed over the rows in order).
+void relu_backward_column_sum(const float* y, float* dz, int64_t rows, int64_t cols, float* sum);
+
 // keras.layers.ReLU: x ≥ max_value → max_value; threshold < x < max_value → x; else
 // negative_slope·(x − threshold). max_value < 0 means none.
 void relu_general(const float* x, float* y, int64_t n, float max_value, float negative_slope,

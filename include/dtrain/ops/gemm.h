@@ -13,7 +13,8 @@ namespace dtrain::ops {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// Sets the number of threads OpenBLAS uses (process-wide). n >= 1.
+// Sets the number of threads OpenBLAS, oneDNN's convolutions and dtrain's own kernels
+// (core/parallel_for.h) use (process-wide). n >= 1.
 void set_num_threads(int n);
 // The number of threads OpenBLAS uses.
 int num_threads();

@@ -224,8 +224,8 @@ float Optimizer::global_clipnorm_scale(double total, double global_clipnorm) {
 
 void Optimizer::compute_clip_scales(std::span<const Tensor> grads) {
   clip_scales_.assign(grads.size(), 1.0f);  // keeps its capacity: no allocation after the first
-  // Each gradient's Σ g² (squared_norm: row by row), gradients split over parallel_for's threads; the
-  // global sum then adds them in gradient order, as one thread would.
+  // Each gradient's Σ g² (squared_norm: row by row), gradients split over parallel_for's threads;
+  // the global sum then adds them in gradient order, as one thread would.
   thread_local std::vector<double> sums;  // grows to the most gradients, then allocates nothing
   sums.assign(grads.size(), 0.0);
   double* const sum = sums.data();  // (a thread_local named in the lambda is each thread's own)

@@ -7,7 +7,9 @@
 # survivors (--on-failure survivors: only the killed worker restarts, the other rolls back to the
 # agreed snapshot in its own process), and spares (survivors with --spares 1: a standby worker,
 # data loaded and model built, takes over the killed rank instead of a new process; the kills
-# pick workers only, never the standby spare). Goodput = uninterrupted wall time / wall time with kills;
+# pick workers only, never the standby spare); and PyTorch DDP on the same job under torchrun
+# --max_restarts with torch.save every 50 steps (bench/torchrun_kill_loop.sh; NO_TORCH=1 skips
+# it), its goodput against its own uninterrupted run. Goodput = uninterrupted wall time / wall time with kills;
 # recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it).
 # Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10] [max_kills=0: no cap]
 # (after scripts/build.sh). On a loaded machine, where a restart of every worker can take longer
@@ -73,6 +75,10 @@ read -r td kd ad ld rd < <(run disk 0 1)
 read -r tm km am lm rm < <(run memory "$every" 1)
 read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
 read -r tp kp ap lp rp < <(run spares "$every" 1 survivors 1)
+torch_rows=()
+if [[ -z "${NO_TORCH:-}" && -x /usr/bin/torchrun ]]; then
+  mapfile -t torch_rows < <(RAW=1 bench/torchrun_kill_loop.sh "$epochs" "$period" 50 "$max_kills")
+fi
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s$(
   ((max_kills > 0)) && echo ", at most $max_kills kills")"
 printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failure lost_steps \
@@ -87,3 +93,12 @@ for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad" \
     "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" \
     "$r" "$a"
 done
+if ((${#torch_rows[@]} == 2)); then
+  read -r tt0 _ ta0 _ _ <<< "${torch_rows[0]}"
+  read -r tt tk ta tl _ <<< "${torch_rows[1]}"
+  printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "torchrun uninterrupted" "$tt0" 0 "100.0%" - - \
+    - "$ta0"
+  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s\n' "torchrun (torch.save every 50)" "$tt" \
+    "$tk" "$(echo "100 * $tt0 / $tt" | bc -l)" "$(echo "($tt - $tt0) / ($tk + ($tk == 0))" | bc -l)" \
+    "$tl" - "$ta"
+fi

@@ -7,7 +7,9 @@
 # failure; each restart resumes from the newest checkpoint. `--redirects 1 --tee 1` (workers'
 # stdout to files and the console) because Debian's torchrun (PyTorch 1.13 on Python 3.11) fails
 # on its default "0": iterating the Std flag enum no longer yields the zero member on 3.11.
-# Prints one line per run, as kill_loop.sh's run does: "seconds kills accuracy lost_steps -".
+# Prints a table; with RAW=1, one line per run as kill_loop.sh's run does ("seconds kills
+# accuracy lost_steps -": uninterrupted, then with kills), for kill_loop.sh to print beside its
+# modes.
 # Usage: bench/torchrun_kill_loop.sh [epochs=5] [period_s=1.5] [every=50] [max_kills=0]
 # (Debian's /usr/bin/torchrun and python3-torch.)
 set -euo pipefail
@@ -48,9 +50,13 @@ run() {
   echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost -"
 }
 
-if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
-  read -r t0 _ a0 _ _ < <(run clean 0)
-  read -r tk k ak lk _ < <(run kills 1)
+read -r t0 _ a0 _ _ < <(run clean 0)
+read -r tk k ak lk _ < <(run kills 1)
+if [[ -n "${RAW:-}" ]]; then
+  # For bench/kill_loop.sh, which prints the rows beside its own.
+  echo "$t0 0 $a0 0 -"
+  echo "$tk $k $ak $lk -"
+else
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); kill every ${period} s"
   printf '%-40s %8s %6s %9s %9s %10s %9s\n' mode wall_s kills goodput s/failure lost_steps accuracy
   printf '%-40s %8.2f %6s %9s %9s %10s %9s\n' "torchrun uninterrupted" "$t0" 0 "100.0%" - - "$a0"

@@ -38,15 +38,19 @@ const ops::Pool2DAttrs& pool_attrs(const Node& n) {
   return *static_cast<const ops::Pool2DAttrs*>(n.attrs.get());
 }
 
-// dz = dy ⊙ act'(·) through the saved output (saved[2]); dy itself for linear.
+// dz = dy ⊙ act'(·) through saved[2]: the output, or the pre-activation z for activations whose
+// derivative the output does not give (gelu, swish; i[1] = 1); dy itself for linear.
 Tensor activation_grad(const Node& n, Tensor g) {
   const auto act = static_cast<Activation>(n.i[0]);
   if (act == Activation::kLinear) return g;
   Tensor dz = writable(std::move(g));
-  const Tensor& y = n.saved[2];
-  const int64_t cols = y.dim(-1);
-  ops::activation_backward_inplace(act, y.data<float>(), dz.data<float>(),
-                                   y.num_elements() / std::max<int64_t>(cols, 1), cols);
+  const Tensor& saved = n.saved[2];
+  const bool from_input = n.i[1] != 0;
+  const int64_t cols = saved.dim(-1);
+  ops::activation_backward_inplace(act, from_input ? nullptr : saved.data<float>(),
+                                   from_input ? saved.data<float>() : nullptr, dz.data<float>(),
+                                   saved.num_elements() / std::max<int64_t>(cols, 1), cols,
+                                   ops::default_activation_alpha(act));
   return dz;
 }
 
@@ -70,7 +74,8 @@ Tensor relu_grad_and_bias_grad(const Node& n, Tensor g, Tensor* db) {
   return dz;
 }
 
-// y = act(conv2d(x, W) + b); saved x, W, y (y only when act is not linear); i[0] = act.
+// y = act(conv2d(x, W) + b); saved x, W and y, or z = conv2d(x, W) + b for gelu and swish (i[1] =
+// 1; nothing for linear); i[0] = act.
 void conv2d_backward(Tape& t, const Node& n, Tensor g) {
   const ops::Conv2DAttrs& a = conv_attrs(n);
   const Tensor& x = n.saved[0];
@@ -104,16 +109,20 @@ void conv2d_transpose_backward(Tape& t, const Node& n, Tensor g) {
 Tensor finish_conv(Tensor y, const Tensor& x, const Tensor& kernel, const Tensor& bias,
                    const ConvAttrsPtr& attrs, Activation act, detail::BackwardFn backward) {
   const int64_t cols = y.dim(-1);
+  Tape* t = recording_tape(x, &kernel, &bias);
+  // As dense: gelu and swish keep the pre-activation (one extra buffer, only while recording).
+  const bool keep_z = t != nullptr && ops::activation_needs_input(act);
+  Tensor saved_y = keep_z ? y.clone() : Tensor();
   ops::activation_inplace(act, y.data<float>(), y.num_elements() / std::max<int64_t>(cols, 1),
                           cols);
-  Tape* t = recording_tape(x, &kernel, &bias);
   if (t == nullptr) return y;
-  Tensor saved_y = act == Activation::kLinear ? Tensor() : stop_gradient(y);
+  if (!keep_z && act != Activation::kLinear) saved_y = stop_gradient(y);
   Node& n = t->record(backward, y, t->node_of(x), t->node_of(kernel), node_or_none(t, bias));
   n.saved[0] = stop_gradient(x);
   n.saved[1] = stop_gradient(kernel);
   n.saved[2] = std::move(saved_y);
   n.i[0] = static_cast<int64_t>(act);
+  n.i[1] = keep_z ? 1 : 0;
   n.attrs = attrs;
   return y;
 }

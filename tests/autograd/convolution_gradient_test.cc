@@ -88,6 +88,40 @@ TEST(ConvGradCheck, Conv2DGroupsAndFusedRelu) {
       kTol);
 }
 
+// Every smooth fused activation, including those whose derivative needs the pre-activation
+// (gelu, swish: the convolution then keeps it), on conv2d, depthwise_conv2d, conv2d_transpose.
+TEST(ConvGradCheck, FusedActivationsOfEveryKind) {
+  const Tensor x = random_tensor(Shape{2, 4, 4, 2}, 61);
+  const Tensor k = random_tensor(Shape{2, 2, 2, 3}, 62);
+  const Tensor kd = random_tensor(Shape{2, 2, 2, 2}, 64);
+  const Tensor kt = random_tensor(Shape{2, 2, 3, 2}, 65);
+  const Tensor b = random_tensor(Shape{3}, 63);
+  const Tensor bd = random_tensor(Shape{4}, 66);
+  const ConvAttrsPtr a = attrs(Padding::kSame, 1, 1);
+  const ConvAttrsPtr depthwise = attrs(Padding::kSame, 1, 1, 1, 1, 2);
+  for (Activation act :
+       {Activation::kSigmoid, Activation::kTanh, Activation::kSoftmax, Activation::kGelu,
+        Activation::kGeluTanh, Activation::kSwish, Activation::kSoftplus, Activation::kSoftsign,
+        Activation::kLogSoftmax}) {
+    const std::string name = ops::activation_name(act);
+    EXPECT_LT(gradcheck([&](const Inputs& v) { return conv2d(v[0], v[1], v[2], a, act); },
+                        {x, k, b}),
+              kTol)
+        << "conv2d " << name;
+    EXPECT_LT(gradcheck([&](const Inputs& v) {
+                return depthwise_conv2d(v[0], v[1], v[2], depthwise, act);
+              },
+                        {x, kd, bd}),
+              kTol)
+        << "depthwise_conv2d " << name;
+    EXPECT_LT(
+        gradcheck([&](const Inputs& v) { return conv2d_transpose(v[0], v[1], v[2], a, act); },
+                  {x, kt, b}),
+        kTol)
+        << "conv2d_transpose " << name;
+  }
+}
+
 TEST(ConvGradCheck, Conv2DWithoutBias) {
   const Tensor x = random_tensor(Shape{1, 4, 4, 2}, 41);
   const Tensor k = random_tensor(Shape{2, 2, 2, 3}, 42);

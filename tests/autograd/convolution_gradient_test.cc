@@ -99,25 +99,23 @@ TEST(ConvGradCheck, FusedActivationsOfEveryKind) {
   const Tensor bd = random_tensor(Shape{4}, 66);
   const ConvAttrsPtr a = attrs(Padding::kSame, 1, 1);
   const ConvAttrsPtr depthwise = attrs(Padding::kSame, 1, 1, 1, 1, 2);
-  for (Activation act :
-       {Activation::kSigmoid, Activation::kTanh, Activation::kSoftmax, Activation::kGelu,
-        Activation::kGeluTanh, Activation::kSwish, Activation::kSoftplus, Activation::kSoftsign,
-        Activation::kLogSoftmax}) {
+  for (Activation act : {Activation::kSigmoid, Activation::kTanh, Activation::kSoftmax,
+                         Activation::kGelu, Activation::kGeluTanh, Activation::kSwish,
+                         Activation::kSoftplus, Activation::kSoftsign, Activation::kLogSoftmax}) {
     const std::string name = ops::activation_name(act);
-    EXPECT_LT(gradcheck([&](const Inputs& v) { return conv2d(v[0], v[1], v[2], a, act); },
-                        {x, k, b}),
-              kTol)
-        << "conv2d " << name;
-    EXPECT_LT(gradcheck([&](const Inputs& v) {
-                return depthwise_conv2d(v[0], v[1], v[2], depthwise, act);
-              },
-                        {x, kd, bd}),
-              kTol)
-        << "depthwise_conv2d " << name;
     EXPECT_LT(
-        gradcheck([&](const Inputs& v) { return conv2d_transpose(v[0], v[1], v[2], a, act); },
-                  {x, kt, b}),
+        gradcheck([&](const Inputs& v) { return conv2d(v[0], v[1], v[2], a, act); }, {x, k, b}),
         kTol)
+        << "conv2d " << name;
+    EXPECT_LT(
+        gradcheck(
+            [&](const Inputs& v) { return depthwise_conv2d(v[0], v[1], v[2], depthwise, act); },
+            {x, kd, bd}),
+        kTol)
+        << "depthwise_conv2d " << name;
+    EXPECT_LT(gradcheck([&](const Inputs& v) { return conv2d_transpose(v[0], v[1], v[2], a, act); },
+                        {x, kt, b}),
+              kTol)
         << "conv2d_transpose " << name;
   }
 }

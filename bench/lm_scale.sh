@@ -5,7 +5,7 @@
 # MultiWorkerMirroredStrategy under `dtrain launch` — plain, with the all-reduce overlapped with
 # backward (--overlap-gradients, 1 MiB buckets) and with sharded optimizer state
 # (--shard-optimizer-state 1 and 2) — against PyTorch DDP, plain and with ZeroRedundancyOptimizer
-# (bench/torch_lm_ddp.py). Reports the step time of each and the optimizer-slot bytes per worker
+# (bench/torch_lm_tokens.py with WORLD and ZERO). Reports the step time of each and the optimizer-slot bytes per worker
 # (AdamW's two moments: dtrain's optimizer_slot_bytes of rank 0; PyTorch's largest rank), with the
 # sharded figure as a multiple of 1/N of the unsharded one (target <= 1.05).
 # Usage: bench/lm_scale.sh [steps_per_epoch] [workers...]   (default: 6 steps; 1 2 3 workers)
@@ -69,11 +69,11 @@ for w in "${workers[@]}"; do
     run_dtrain "$tmp/z1.$w" "$w" --shard-optimizer-state 1
     run_dtrain "$tmp/z2.$w" "$w" --shard-optimizer-state 2
   fi
-  /usr/bin/python3 bench/torch_lm_ddp.py "$corpus" $((steps + 2)) $ctx $layers $d $heads "$batch" \
-    "$w" 0 > "$tmp/ddp.$w" 2>&1
+  /usr/bin/python3 bench/torch_lm_tokens.py "$corpus" $((steps + 2)) $ctx $layers $d $heads \
+    "$batch" 1 "$w" 0 > "$tmp/ddp.$w" 2>&1
   if [[ "$w" -gt 1 ]]; then
-    /usr/bin/python3 bench/torch_lm_ddp.py "$corpus" $((steps + 2)) $ctx $layers $d $heads \
-      "$batch" "$w" 1 > "$tmp/ddpz.$w" 2>&1
+    /usr/bin/python3 bench/torch_lm_tokens.py "$corpus" $((steps + 2)) $ctx $layers $d $heads \
+      "$batch" 1 "$w" 1 > "$tmp/ddpz.$w" 2>&1
   fi
   printf '%-8s %9s %9s %9s %9s %9s %9s   (ms per step)\n' "$w" "$(step_ms "$tmp/plain.$w")" \
     "$(step_ms "$tmp/overlap.$w")" "$(step_ms "$tmp/z1.$w")" "$(step_ms "$tmp/z2.$w")" \

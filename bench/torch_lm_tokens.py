@@ -4,9 +4,12 @@ blocks, nn.MultiheadAttention with a causal mask, exact GELU, learned positions)
 AdamW and clip_grad_norm_ on windows of the same text, on THREADS threads (default 1). Prints
 `step_seconds_median S` and `tokens_per_second T` (steps after the first two). WORLD > 1 trains
 with DistributedDataParallel (gloo on loopback), WORLD processes of THREADS threads, each taking
-BATCH / WORLD windows of the global batch (rank 0 prints; tokens are the global batch's).
+BATCH / WORLD windows of the global batch (rank 0 prints; tokens are the global batch's); with
+ZERO=1 the optimizer is torch.distributed.optim.ZeroRedundancyOptimizer (AdamW's state partitioned
+across the ranks). Also prints `optimizer_state_bytes_rank<r> B` for every rank: the bytes of the
+AdamW moments (exp_avg, exp_avg_sq) it holds, what dtrain reports as optimizer_slot_bytes.
 
-Usage: torch_lm_tokens.py CORPUS STEPS CONTEXT LAYERS D_MODEL HEADS BATCH [THREADS] [WORLD]
+Usage: torch_lm_tokens.py CORPUS STEPS CONTEXT LAYERS D_MODEL HEADS BATCH [THREADS] [WORLD] [ZERO]
 """
 import os
 import socket
@@ -18,12 +21,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from torch_gpt import GPT
 
 corpus, steps, context, layers, d, heads, batch = sys.argv[1:8]
 threads = int(sys.argv[8]) if len(sys.argv) > 8 else 1
 world = int(sys.argv[9]) if len(sys.argv) > 9 else 1
+zero = len(sys.argv) > 10 and sys.argv[10] == "1"
 steps, context, layers, d, heads, batch = map(int, (steps, context, layers, d, heads, batch))
 
 
@@ -44,7 +49,12 @@ def run(rank, port):
     model = GPT(len(vocab), context, layers, d, heads)
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
     per = batch // world
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.004, eps=1e-7)
+    kwargs = dict(lr=3e-4, weight_decay=0.004, eps=1e-7)
+    if zero:
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW,
+                                      **kwargs)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), **kwargs)
     g = torch.Generator().manual_seed(1)
     times = []
     for step in range(steps):
@@ -61,7 +71,14 @@ def run(rank, port):
         opt.step()
         times.append(time.perf_counter() - t0)
     step = statistics.median(times[2:])
+    local = opt.optim if zero else opt
+    moments = sum(st[k].numel() * st[k].element_size() for st in local.state.values()
+                  for k in ("exp_avg", "exp_avg_sq") if k in st)
+    sizes = [moments]
     if world > 1:
+        gathered = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
+        dist.all_gather(gathered, torch.tensor([moments]))
+        sizes = [t.item() for t in gathered]
         dist.destroy_process_group()
     if rank != 0:
         return
@@ -70,6 +87,8 @@ def run(rank, port):
     print(f"final_loss {loss.item():.4f}")
     print(f"step_seconds_median {step:.4f}")
     print(f"tokens_per_second {batch * context / step:.0f}")
+    for r, size in enumerate(sizes):
+        print(f"optimizer_state_bytes_rank{r} {size}")
 
 
 if __name__ == "__main__":

@@ -99,6 +99,61 @@ TEST(MultiHeadAttention, CausalMaskHidesTheFuture) {
   EXPECT_NE(y.data<float>()[4 * 8], y2.data<float>()[4 * 8]);
 }
 
+// The fused kernel (taken without returned scores, probability dropout or an attention_mask)
+// against the unfused path (forced by asking for the scores): outputs and weight gradients,
+// for the causal mask, key padding (value and key masks), both, an all-true query mask, and
+// masks the fused kernel hands back to the unfused path (a masked query; causal with key 0
+// padded), T = 37 (odd, past a block of 32 queries), key_dim 5.
+TEST(MultiHeadAttention, FusedPathEqualsTheUnfusedOne) {
+  const int64_t B = 3, T = 37;
+  const Tensor x = random_tensor(Shape{B, T, 6}, 41);
+  Tensor pad = Tensor::ones(Shape{B, T});
+  for (int64_t t = 30; t < T; ++t) pad.data<float>()[T + t] = 0;  // row 1: the last 7 padded
+  pad.data<float>()[2 * T + 5] = 0;                                // row 2: one inside
+  Tensor left = pad.clone();
+  left.data<float>()[0] = 0;  // row 0: key 0 padded (its first query sees nothing causally)
+  struct Case {
+    const char* what;
+    AttentionCallOptions o;
+  };
+  const Case cases[] = {
+      {"causal", {.use_causal_mask = true}},
+      {"none", {}},
+      {"value mask", {.value_mask = pad}},
+      {"causal and value/key masks", {.use_causal_mask = true, .value_mask = pad, .key_mask = pad}},
+      {"all-true query mask", {.use_causal_mask = true, .query_mask = Tensor::ones(Shape{B, T})}},
+      {"masked queries (unfused)", {.query_mask = pad, .value_mask = pad}},
+      {"causal, key 0 padded (unfused)", {.use_causal_mask = true, .value_mask = left}},
+  };
+  MultiHeadAttention mha(2, 5, {.value_dim = 3, .seed = 4});
+  mha(x);
+  for (Variable* w : mha.weights()) w->assign(random_tensor(w->shape(), 42));
+  auto run = [&](AttentionCallOptions o, bool unfused) {
+    Tensor scores;
+    if (unfused) o.attention_scores = &scores;
+    GradientTape tape;
+    const Tensor y = mha(x, x, o);
+    const Tensor r = random_tensor(y.shape(), 43, 0.5f, 1.5f);
+    std::vector<Tensor> out = tape.gradient(reduce_sum(multiply(y, r)), mha.trainable_weights());
+    out.insert(out.begin(), y);
+    return out;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::vector<Tensor> want = run(c.o, true);
+    const std::vector<Tensor> got = run(c.o, false);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].shape(), want[i].shape()) << "tensor " << i;
+      for (int64_t e = 0; e < got[i].num_elements(); ++e) {
+        const float w = want[i].data<float>()[e];
+        ASSERT_NEAR(got[i].data<float>()[e], w, 2e-5 * (1 + std::fabs(w)))
+            << "tensor " << i << " element " << e;
+      }
+    }
+  }
+}
+
 TEST(MultiHeadAttention, DropoutOnProbabilitiesIsSeededAndOnlyInTraining) {
   const Tensor x = random_tensor(Shape{2, 6, 4}, 31);
   MultiHeadAttention a(2, 2, {.dropout = 0.5f, .seed = 9});

@@ -367,18 +367,17 @@ Tensor fused_attention(const Tensor& query, const Tensor& key, const Tensor& val
   check_head_layout(query, "fused_attention", "the query");
   check_head_layout(key, "fused_attention", "the key");
   check_head_layout(value, "fused_attention", "the value");
-  DTRAIN_CHECK(query.dim(0) == key.dim(0) && key.dim(0) == value.dim(0) &&
-                   query.dim(2) == key.dim(2) && key.dim(2) == value.dim(2) &&
-                   query.dim(3) == key.dim(3) && key.dim(1) == value.dim(1),
-               "fused_attention: query ", query.shape().to_string(), ", key ",
-               key.shape().to_string(), " and value ", value.shape().to_string(),
-               " differ in batch, heads, key dim or length");
+  DTRAIN_CHECK(
+      query.dim(0) == key.dim(0) && key.dim(0) == value.dim(0) && query.dim(2) == key.dim(2) &&
+          key.dim(2) == value.dim(2) && query.dim(3) == key.dim(3) && key.dim(1) == value.dim(1),
+      "fused_attention: query ", query.shape().to_string(), ", key ", key.shape().to_string(),
+      " and value ", value.shape().to_string(), " differ in batch, heads, key dim or length");
   const int64_t batch = query.dim(0), s = key.dim(1);
   Tensor mask;
   if (key_mask.defined()) {
     DTRAIN_CHECK(key_mask.rank() == 2 && key_mask.dim(0) == batch && key_mask.dim(1) == s,
-                 "fused_attention: key_mask ", key_mask.shape().to_string(), " is not [batch, S] = [",
-                 batch, ", ", s, "]");
+                 "fused_attention: key_mask ", key_mask.shape().to_string(),
+                 " is not [batch, S] = [", batch, ", ", s, "]");
     mask = key_mask.dtype() == DType::kFloat32 ? key_mask : ops::cast(key_mask, DType::kFloat32);
   }
   DTRAIN_CHECK(ops::fused_attention_rows_have_keys(mask.defined() ? mask.data<float>() : nullptr,

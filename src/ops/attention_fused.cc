@@ -77,8 +77,7 @@ int64_t visible_in_block(const FusedAttentionArgs& a, int64_t t, int64_t j0, int
 
 }  // namespace
 
-bool fused_attention_rows_have_keys(const float* key_mask, int64_t batch, int64_t s,
-                                    bool causal) {
+bool fused_attention_rows_have_keys(const float* key_mask, int64_t batch, int64_t s, bool causal) {
   if (s <= 0) return false;
   if (key_mask == nullptr) return true;
   for (int64_t b = 0; b < batch; ++b) {

@@ -32,7 +32,8 @@ bool padded(Masks m) { return m == Masks::kPadding || m == Masks::kCausalPadding
 Tensor padding_mask(int64_t batch, int64_t s) {
   Tensor m = Tensor::zeros(Shape{batch, s});
   for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t j = 0; j < std::max<int64_t>(1, s - 3 * b - 1); ++j) m.data<float>()[b * s + j] = 1;
+    for (int64_t j = 0; j < std::max<int64_t>(1, s - 3 * b - 1); ++j)
+      m.data<float>()[b * s + j] = 1;
   }
   return m;
 }
@@ -40,8 +41,8 @@ Tensor padding_mask(int64_t batch, int64_t s) {
 // The unfused chain, with the key mask broadcast as [B, 1, 1, S].
 Tensor unfused(const Inputs& x, const Tensor& mask, float scale, bool causal) {
   const Tensor m = mask.defined() ? mask.reshape(Shape{mask.dim(0), 1, 1, mask.dim(1)}) : mask;
-  const Tensor p = masked_softmax(multihead_scores(x[0], x[1]), m,
-                                  {.scale = scale, .causal = causal});
+  const Tensor p =
+      masked_softmax(multihead_scores(x[0], x[1]), m, {.scale = scale, .causal = causal});
   return multihead_combine(p, x[2]);
 }
 
@@ -69,8 +70,8 @@ void compare(int64_t batch, int64_t t, int64_t s, int64_t heads, int64_t h, int6
   const Tensor mask = padded(masks) ? padding_mask(batch, s) : Tensor();
   const float scale = 1.0f / std::sqrt(static_cast<float>(h));
   const bool causal = causal_of(masks);
-  const Inputs want = value_and_gradients(
-      [&](const Inputs& v) { return unfused(v, mask, scale, causal); }, x);
+  const Inputs want =
+      value_and_gradients([&](const Inputs& v) { return unfused(v, mask, scale, causal); }, x);
   const Inputs got = value_and_gradients(
       [&](const Inputs& v) {
         return fused_attention(v[0], v[1], v[2], mask, {.scale = scale, .causal = causal});
@@ -89,11 +90,11 @@ void compare(int64_t batch, int64_t t, int64_t s, int64_t heads, int64_t h, int6
 
 TEST(FusedAttention, EqualsTheUnfusedChainForEveryMask) {
   for (Masks m : {Masks::kNone, Masks::kCausal, Masks::kPadding, Masks::kCausalPadding}) {
-    compare(2, 13, 13, 2, 12, 5, m);   // one partial block; key_dim 12, value_dim 5
-    compare(2, 37, 37, 3, 20, 20, m);  // odd T past a block of 32 queries
-    compare(1, 71, 71, 2, 9, 16, m);   // past a block of 64 keys: the online rescaling
+    compare(2, 13, 13, 2, 12, 5, m);     // one partial block; key_dim 12, value_dim 5
+    compare(2, 37, 37, 3, 20, 20, m);    // odd T past a block of 32 queries
+    compare(1, 71, 71, 2, 9, 16, m);     // past a block of 64 keys: the online rescaling
     compare(3, 130, 130, 1, 32, 32, m);  // several blocks of both; the benchmark's head size
-    compare(1, 1, 1, 1, 3, 3, m);      // a single position
+    compare(1, 1, 1, 1, 3, 3, m);        // a single position
   }
   // Cross attention (T ≠ S): a query past the keys sees all of them when causal.
   for (Masks m : {Masks::kNone, Masks::kPadding, Masks::kCausal}) {
@@ -112,9 +113,10 @@ TEST(FusedAttention, Gradients) {
       const Tensor v = random_tensor(Shape{batch, t, 2, 5}, 203 + t);
       const Tensor mask = padded(m) ? padding_mask(batch, t) : Tensor();
       const FusedAttentionOptions o{.scale = 0.7f, .causal = causal_of(m)};
-      EXPECT_LT(gradcheck([&](const Inputs& x) { return fused_attention(x[0], x[1], x[2], mask, o); },
-                          {q, k, v}),
-                2e-2);
+      EXPECT_LT(
+          gradcheck([&](const Inputs& x) { return fused_attention(x[0], x[1], x[2], mask, o); },
+                    {q, k, v}),
+          2e-2);
     }
   }
 }
@@ -135,10 +137,14 @@ TEST(FusedAttention, RejectsMasksItCannotServe) {
   expect_throws_with<InvalidArgumentError>([&] { fused_attention(q, q, v, all); },
                                            {"fused_attention", "sees no unmasked key"});
   expect_throws_with<InvalidArgumentError>(
-      [&] { fused_attention(q, q, v, Tensor::ones(Shape{2, 5})); },
+      [&] {
+        fused_attention(q, q, v, Tensor::ones(Shape{2, 5}));
+      },
       {"fused_attention", "key_mask [2, 5]", "[2, 4]"});
   expect_throws_with<InvalidArgumentError>(
-      [&] { fused_attention(q, random_tensor(Shape{2, 4, 1, 2}, 3), v); },
+      [&] {
+        fused_attention(q, random_tensor(Shape{2, 4, 1, 2}, 3), v);
+      },
       {"fused_attention", "[2, 4, 1, 2]"});
 }
 

@@ -85,18 +85,26 @@ TEST(MultiHeadAttention, CausalMaskHidesTheFuture) {
   MultiHeadAttention mha(2, 4, {.seed = 7});
   const Tensor x = random_tensor(Shape{1, 5, 8}, 21);
   Tensor scores;
-  const Tensor y = mha(x, x, {.use_causal_mask = true, .attention_scores = &scores});
+  const Tensor unfused = mha(x, x, {.use_causal_mask = true, .attention_scores = &scores});
   ASSERT_EQ(scores.shape(), (Shape{1, 2, 5, 5}));
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t t = 0; t < 5; ++t)
       for (int64_t s = t + 1; s < 5; ++s)
         EXPECT_EQ(scores.data<float>()[(h * 5 + t) * 5 + s], 0.0f);
-  // Changing the last position changes only the last output row.
-  Tensor x2 = x.clone();
-  for (int64_t j = 0; j < 8; ++j) x2.data<float>()[4 * 8 + j] += 1.0f;
-  const Tensor y2 = mha(x2, x2, {.use_causal_mask = true});
-  for (int64_t i = 0; i < 4 * 8; ++i) EXPECT_EQ(y.data<float>()[i], y2.data<float>()[i]);
-  EXPECT_NE(y.data<float>()[4 * 8], y2.data<float>()[4 * 8]);
+  // Changing the last position changes only the last output row, on both paths (without the
+  // scores, the fused kernel).
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass == 0 ? "unfused" : "fused");
+    Tensor ignored;
+    const AttentionCallOptions o{.use_causal_mask = true,
+                                 .attention_scores = pass == 0 ? &ignored : nullptr};
+    const Tensor y = pass == 0 ? unfused : mha(x, x, o);
+    Tensor x2 = x.clone();
+    for (int64_t j = 0; j < 8; ++j) x2.data<float>()[4 * 8 + j] += 1.0f;
+    const Tensor y2 = mha(x2, x2, o);
+    for (int64_t i = 0; i < 4 * 8; ++i) EXPECT_EQ(y.data<float>()[i], y2.data<float>()[i]);
+    EXPECT_NE(y.data<float>()[4 * 8], y2.data<float>()[4 * 8]);
+  }
 }
 
 // The fused kernel (taken without returned scores, probability dropout or an attention_mask)
@@ -109,7 +117,7 @@ TEST(MultiHeadAttention, FusedPathEqualsTheUnfusedOne) {
   const Tensor x = random_tensor(Shape{B, T, 6}, 41);
   Tensor pad = Tensor::ones(Shape{B, T});
   for (int64_t t = 30; t < T; ++t) pad.data<float>()[T + t] = 0;  // row 1: the last 7 padded
-  pad.data<float>()[2 * T + 5] = 0;                                // row 2: one inside
+  pad.data<float>()[2 * T + 5] = 0;                               // row 2: one inside
   Tensor left = pad.clone();
   left.data<float>()[0] = 0;  // row 0: key 0 padded (its first query sees nothing causally)
   struct Case {

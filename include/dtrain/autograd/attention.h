@@ -47,6 +47,7 @@ struct FusedAttentionOptions {
 // probabilities). Every query row must see an unmasked key (ops::fused_attention_rows_have_keys):
 // InvalidArgumentError otherwise, as for shapes that do not fit.
 Tensor fused_attention(const Tensor& query, const Tensor& key, const Tensor& value,
-                       const Tensor& key_mask = Tensor(), const FusedAttentionOptions& options = {});
+                       const Tensor& key_mask = Tensor(),
+                       const FusedAttentionOptions& options = {});
 
 }  // namespace dtrain

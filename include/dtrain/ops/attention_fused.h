@@ -17,8 +17,8 @@ namespace dtrain::ops {
 
 struct FusedAttentionArgs {
   int64_t batch = 0, t = 0, s = 0, heads = 0;
-  int64_t key_dim = 0;    // H: query and key features per head
-  int64_t value_dim = 0;  // Hv: value features per head
+  int64_t key_dim = 0;              // H: query and key features per head
+  int64_t value_dim = 0;            // Hv: value features per head
   const float* query = nullptr;     // [B, T, N, H]
   const float* key = nullptr;       // [B, S, N, H]
   const float* value = nullptr;     // [B, S, N, Hv]

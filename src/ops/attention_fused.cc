@@ -14,6 +14,10 @@
 #include "dtrain/ops/small_gemm.h"
 #include "vector_math.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace dtrain::ops {
 namespace {
 
@@ -27,11 +31,54 @@ float* scratch(std::vector<float>& v, int64_t n) {
   return v.data();
 }
 
-// x[s, :] for s < len (leading dimension ld) as [dim, len] (leading dimension len).
-void transpose_into(const float* x, int64_t len, int64_t dim, int64_t ld, float* out) {
-  for (int64_t s = 0; s < len; ++s) {
-    for (int64_t j = 0; j < dim; ++j) out[j * len + s] = x[s * ld + j];
+#if defined(__AVX2__)
+// The 8×8 block at x (leading dimension ld) transposed into out (leading dimension ldo).
+inline void transpose_8x8(const float* x, int64_t ld, float* out, int64_t ldo) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(x + i * ld);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
   }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(out + i * ldo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * ldo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
+// x[s, :] for s < len (leading dimension ld) as [dim, len] (leading dimension len): 8×8
+// register transposes where AVX2 has them, loops for the edges.
+void transpose_into(const float* x, int64_t len, int64_t dim, int64_t ld, float* out) {
+  int64_t s8 = 0, j8 = 0;
+#if defined(__AVX2__)
+  s8 = len / 8 * 8;
+  j8 = dim / 8 * 8;
+  for (int64_t s = 0; s < s8; s += 8) {
+    for (int64_t j = 0; j < j8; j += 8) transpose_8x8(x + s * ld + j, ld, out + j * len + s, len);
+  }
+#endif
+  for (int64_t s = 0; s < len; ++s) {
+    for (int64_t j = s < s8 ? j8 : 0; j < dim; ++j) out[j * len + s] = x[s * ld + j];
+  }
+}
+
+// Σ a[j]·b[j] over j < n in eight float lanes (the rows are short: H ≈ 32).
+float dot_rows(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] = vmath::mul_add(a[j + l], b[j + l], acc[l]);
+  }
+  float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; j < n; ++j) sum = vmath::mul_add(a[j], b[j], sum);
+  return sum;
 }
 
 // The pair's views: row t of the query head at q + t·ldq, and so on.
@@ -180,7 +227,7 @@ void fused_attention_backward(const FusedAttentionArgs& a, const float* out, con
     transpose_into(h.k, a.s, hk, h.ldq, kt);
     transpose_into(h.v, a.s, hv, h.ldv, vt);
     for (int64_t t = 0; t < a.t; ++t) {
-      dd[t] = static_cast<float>(vmath::dot(go + t * h.ldv, o + t * h.ldv, hv));
+      dd[t] = dot_rows(go + t * h.ldv, o + t * h.ldv, hv);
       std::fill(dq + t * h.ldq, dq + t * h.ldq + hk, 0.0f);
     }
     for (int64_t s = 0; s < a.s; ++s) {

@@ -21,8 +21,11 @@
 namespace dtrain::ops {
 namespace {
 
-constexpr int64_t kRows = 32;  // queries per block
-constexpr int64_t kCols = 64;  // keys per block
+// Square blocks (so that under the causal mask the diagonal block's products skip its upper
+// triangle through small_gemm's causal parts), a multiple of its 6-row blocks and 16-column
+// chunks.
+constexpr int64_t kRows = 48;     // queries per block
+constexpr int64_t kCols = kRows;  // keys per block
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Per-thread scratch that grows once.
@@ -69,6 +72,19 @@ void transpose_into(const float* x, int64_t len, int64_t dim, int64_t ld, float*
   }
 }
 
+// max x[c] over c < n (−∞ for n = 0), in eight lanes so that it vectorizes.
+float row_max_of(const float* x, int64_t n) {
+  float m[8];
+  std::fill(m, m + 8, kNegInf);
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) {
+    for (int l = 0; l < 8; ++l) m[l] = m[l] > x[c + l] ? m[l] : x[c + l];
+  }
+  for (; c < n; ++c) m[0] = m[0] > x[c] ? m[0] : x[c];
+  return std::max(std::max(std::max(m[0], m[1]), std::max(m[2], m[3])),
+                  std::max(std::max(m[4], m[5]), std::max(m[6], m[7])));
+}
+
 // Σ a[j]·b[j] over j < n in eight float lanes (the rows are short: H ≈ 32).
 float dot_rows(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -102,8 +118,23 @@ int64_t visible_end(const FusedAttentionArgs& a, int64_t t) {
   return a.causal ? std::min(t + 1, a.s) : a.s;
 }
 
+// Whether block (i0, j0) straddles the causal diagonal: there, key c ≤ query r within it.
+bool on_diagonal(const FusedAttentionArgs& a, int64_t i0, int64_t j0) {
+  return a.causal && i0 == j0;
+}
+
+// The causal parts of the diagonal block's products whose inner index is a key (P·V, dS·K) or
+// a query (Pᵀ·dO, dSᵀ·Q).
+CausalPart inner_keys(const FusedAttentionArgs& a, int64_t i0, int64_t j0) {
+  return on_diagonal(a, i0, j0) ? CausalPart::kInnerUpToRow : CausalPart::kNone;
+}
+CausalPart inner_queries(const FusedAttentionArgs& a, int64_t i0, int64_t j0) {
+  return on_diagonal(a, i0, j0) ? CausalPart::kInnerFromRow : CausalPart::kNone;
+}
+
 // Scores block [rows, cols] (leading dimension kCols) = Q[i0 : i0 + rows] · Kᵀ[:, j0 : j0 + cols]
 // from the transposed keys kt [H, S].
+// On the causal diagonal block (j0 = i0) only its lower triangle (key ≤ query).
 void score_block(const FusedAttentionArgs& a, const Head& h, const float* kt, int64_t i0,
                  int64_t rows, int64_t j0, int64_t cols, float* sc) {
   small_gemm({.m = rows,
@@ -114,7 +145,8 @@ void score_block(const FusedAttentionArgs& a, const Head& h, const float* kt, in
               .b = kt + j0,
               .ldb = a.s,
               .c = sc,
-              .ldc = kCols});
+              .ldc = kCols,
+              .causal = on_diagonal(a, i0, j0) ? CausalPart::kColumnsUpToRow : CausalPart::kNone});
 }
 
 // The number of the block's first `cols` keys that query t sees (0 ≤ result ≤ cols).
@@ -161,12 +193,12 @@ void fused_attention_forward(const FusedAttentionArgs& a, float* out, float* lse
         for (int64_t r = 0; r < rows; ++r) {
           float* x = sc + r * kCols;
           const int64_t vis = visible_in_block(a, i0 + r, j0, cols);
-          float mx = kNegInf;
           for (int64_t c = 0; c < vis; ++c) x[c] *= a.scale;
+          float mx;
           if (h.mask) {
             for (int64_t c = 0; c < vis; ++c) x[c] = h.mask[j0 + c] != 0.0f ? x[c] : kNegInf;
           }
-          for (int64_t c = 0; c < vis; ++c) mx = std::max(mx, x[c]);
+          mx = row_max_of(x, vis);
           std::fill(x + vis, x + cols, 0.0f);
           if (mx == kNegInf) {  // nothing visible here: the row's state is unchanged
             std::fill(x, x + vis, 0.0f);
@@ -191,6 +223,7 @@ void fused_attention_forward(const FusedAttentionArgs& a, float* out, float* lse
                     .ldb = h.ldv,
                     .c = acc,
                     .ldc = hv,
+                    .causal = inner_keys(a, i0, j0),
                     .accumulate = true});
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -262,17 +295,20 @@ void fused_attention_backward(const FusedAttentionArgs& a, const float* out, con
                     .ldb = h.ldv,
                     .c = dv + j0 * h.ldv,
                     .ldc = h.ldv,
+                    .causal = inner_queries(a, i0, j0),
                     .accumulate = true});
         // dP = dO[i0 : i0 + rows] · Vᵀ[:, j0 : j0 + cols]; dS = scale · P ⊙ (dP − D)
-        small_gemm({.m = rows,
-                    .n = cols,
-                    .k = hv,
-                    .a = go + i0 * h.ldv,
-                    .a_row_stride = h.ldv,
-                    .b = vt + j0,
-                    .ldb = a.s,
-                    .c = dp,
-                    .ldc = kCols});
+        small_gemm(
+            {.m = rows,
+             .n = cols,
+             .k = hv,
+             .a = go + i0 * h.ldv,
+             .a_row_stride = h.ldv,
+             .b = vt + j0,
+             .ldb = a.s,
+             .c = dp,
+             .ldc = kCols,
+             .causal = on_diagonal(a, i0, j0) ? CausalPart::kColumnsUpToRow : CausalPart::kNone});
         for (int64_t r = 0; r < rows; ++r) {
           const float* pr = pb + r * kCols;
           float* gr = dp + r * kCols;
@@ -289,6 +325,7 @@ void fused_attention_backward(const FusedAttentionArgs& a, const float* out, con
                     .ldb = h.ldq,
                     .c = dq + i0 * h.ldq,
                     .ldc = h.ldq,
+                    .causal = inner_keys(a, i0, j0),
                     .accumulate = true});
         // dK[j0 : j0 + cols] += dSᵀ · Q[i0 : i0 + rows]
         small_gemm({.m = cols,
@@ -301,6 +338,7 @@ void fused_attention_backward(const FusedAttentionArgs& a, const float* out, con
                     .ldb = h.ldq,
                     .c = dk + j0 * h.ldq,
                     .ldc = h.ldq,
+                    .causal = inner_queries(a, i0, j0),
                     .accumulate = true});
       }
     }

@@ -1,7 +1,7 @@
 // The fused attention op against the unfused chain it replaces (multihead_scores →
 // masked_softmax → multihead_combine), forward and gradients, for causal, key padding and
-// causal + padding masks on shapes that leave partial blocks (odd T, T past one block of 64
-// keys and of 32 queries, key_dim not a multiple of 8); finite-difference gradient checks; and
+// causal + padding masks on shapes that leave partial blocks (odd T, T past one block of 48
+// queries and keys, key_dim not a multiple of 8); finite-difference gradient checks; and
 // errors for masks the kernel cannot serve.
 #include <gtest/gtest.h>
 
@@ -91,15 +91,15 @@ void compare(int64_t batch, int64_t t, int64_t s, int64_t heads, int64_t h, int6
 TEST(FusedAttention, EqualsTheUnfusedChainForEveryMask) {
   for (Masks m : {Masks::kNone, Masks::kCausal, Masks::kPadding, Masks::kCausalPadding}) {
     compare(2, 13, 13, 2, 12, 5, m);     // one partial block; key_dim 12, value_dim 5
-    compare(2, 37, 37, 3, 20, 20, m);    // odd T past a block of 32 queries
-    compare(1, 71, 71, 2, 9, 16, m);     // past a block of 64 keys: the online rescaling
+    compare(2, 53, 53, 3, 20, 20, m);    // odd T, two blocks (of 48), the second partial
+    compare(1, 97, 97, 2, 9, 16, m);     // three key blocks: the online rescaling
     compare(3, 130, 130, 1, 32, 32, m);  // several blocks of both; the benchmark's head size
     compare(1, 1, 1, 1, 3, 3, m);        // a single position
   }
   // Cross attention (T ≠ S): a query past the keys sees all of them when causal.
   for (Masks m : {Masks::kNone, Masks::kPadding, Masks::kCausal}) {
-    compare(2, 9, 70, 2, 7, 4, m);
-    compare(2, 70, 9, 2, 7, 4, m);
+    compare(2, 9, 100, 2, 7, 4, m);
+    compare(2, 100, 9, 2, 7, 4, m);
   }
 }
 

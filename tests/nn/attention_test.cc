@@ -111,12 +111,12 @@ TEST(MultiHeadAttention, CausalMaskHidesTheFuture) {
 // against the unfused path (forced by asking for the scores): outputs and weight gradients,
 // for the causal mask, key padding (value and key masks), both, an all-true query mask, and
 // masks the fused kernel hands back to the unfused path (a masked query; causal with key 0
-// padded), T = 37 (odd, past a block of 32 queries), key_dim 5.
+// padded), T = 53 (odd, past a block of 48 queries and keys), key_dim 5.
 TEST(MultiHeadAttention, FusedPathEqualsTheUnfusedOne) {
-  const int64_t B = 3, T = 37;
+  const int64_t B = 3, T = 53;
   const Tensor x = random_tensor(Shape{B, T, 6}, 41);
   Tensor pad = Tensor::ones(Shape{B, T});
-  for (int64_t t = 30; t < T; ++t) pad.data<float>()[T + t] = 0;  // row 1: the last 7 padded
+  for (int64_t t = 46; t < T; ++t) pad.data<float>()[T + t] = 0;  // row 1: the last 7 padded
   pad.data<float>()[2 * T + 5] = 0;                               // row 2: one inside
   Tensor left = pad.clone();
   left.data<float>()[0] = 0;  // row 0: key 0 padded (its first query sees nothing causally)

@@ -218,6 +218,7 @@ Tensor MultiHeadAttention::output_projection(const Tensor& context, int64_t batc
 
 bool MultiHeadAttention::fusable_masks(const AttentionCallOptions& options, int64_t batch,
                                        int64_t t_len, int64_t s_len, Tensor* key_padding) const {
+  if (s_len == 0) return false;  // no key at all: the unfused path's result, whatever it is
   if (options.query_mask.defined()) {
     // A masked query's row is fully masked (uniform in Keras): only an all-true mask fuses.
     const Tensor qm = detail::sequence_mask(options.query_mask, batch, t_len, *this);

@@ -1,10 +1,13 @@
 // Attention ops: forward through dtrain/ops/attention.h, backward as strided batched GEMMs.
 #include "dtrain/autograd/attention.h"
 
+#include <memory>
 #include <vector>
 
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/ops/attention_fused.h"
 #include "dtrain/ops/small_gemm.h"
+#include "dtrain/ops/tensor_ops.h"
 #include "tape.h"
 
 namespace dtrain {
@@ -236,6 +239,45 @@ void combine_backward(Tape& t, const Node& n, Tensor g) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// fused_attention: saved query, key, value; attrs: the output, the rows' log-sum-exp and the key
+// mask; f[0] = scale, i[0] = causal.
+
+struct FusedSaved {
+  Tensor out, lse, key_mask;
+};
+
+ops::FusedAttentionArgs fused_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& key_mask, float scale, bool causal) {
+  return {.batch = q.dim(0),
+          .t = q.dim(1),
+          .s = k.dim(1),
+          .heads = q.dim(2),
+          .key_dim = q.dim(3),
+          .value_dim = v.dim(3),
+          .query = q.data<float>(),
+          .key = k.data<float>(),
+          .value = v.data<float>(),
+          .key_mask = key_mask.defined() ? key_mask.data<float>() : nullptr,
+          .scale = scale,
+          .causal = causal};
+}
+
+void fused_attention_backward(Tape& t, const Node& n, Tensor g) {
+  const Tensor& q = n.saved[0];
+  const Tensor& k = n.saved[1];
+  const Tensor& v = n.saved[2];
+  const auto& saved = *static_cast<const FusedSaved*>(n.attrs.get());
+  const ops::FusedAttentionArgs a = fused_args(q, k, v, saved.key_mask, n.f[0], n.i[0] != 0);
+  Tensor dq(q.shape()), dk(k.shape()), dv(v.shape());
+  ops::fused_attention_backward(a, saved.out.data<float>(), saved.lse.data<float>(),
+                                g.data<float>(), dq.data<float>(), dk.data<float>(),
+                                dv.data<float>(), 0, a.batch * a.heads);
+  t.accumulate(n.in[0], std::move(dq));
+  t.accumulate(n.in[1], std::move(dk));
+  t.accumulate(n.in[2], std::move(dv));
+}
+
 }  // namespace
 
 Tensor batch_matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
@@ -317,6 +359,49 @@ Tensor multihead_combine(const Tensor& probs, const Tensor& value, bool causal) 
   n.saved[0] = stop_gradient(probs);
   n.saved[1] = stop_gradient(value);
   n.i[0] = causal;
+  return out;
+}
+
+Tensor fused_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                       const Tensor& key_mask, const FusedAttentionOptions& options) {
+  check_head_layout(query, "fused_attention", "the query");
+  check_head_layout(key, "fused_attention", "the key");
+  check_head_layout(value, "fused_attention", "the value");
+  DTRAIN_CHECK(
+      query.dim(0) == key.dim(0) && key.dim(0) == value.dim(0) && query.dim(2) == key.dim(2) &&
+          key.dim(2) == value.dim(2) && query.dim(3) == key.dim(3) && key.dim(1) == value.dim(1),
+      "fused_attention: query ", query.shape().to_string(), ", key ", key.shape().to_string(),
+      " and value ", value.shape().to_string(), " differ in batch, heads, key dim or length");
+  const int64_t batch = query.dim(0), s = key.dim(1);
+  Tensor mask;
+  if (key_mask.defined()) {
+    DTRAIN_CHECK(key_mask.rank() == 2 && key_mask.dim(0) == batch && key_mask.dim(1) == s,
+                 "fused_attention: key_mask ", key_mask.shape().to_string(),
+                 " is not [batch, S] = [", batch, ", ", s, "]");
+    mask = key_mask.dtype() == DType::kFloat32 ? key_mask : ops::cast(key_mask, DType::kFloat32);
+  }
+  DTRAIN_CHECK(ops::fused_attention_rows_have_keys(mask.defined() ? mask.data<float>() : nullptr,
+                                                   batch, s, options.causal),
+               "fused_attention: some query sees no unmasked key (key_mask ",
+               mask.defined() ? mask.shape().to_string() : std::string("none"), ", ", s,
+               " keys, causal ", options.causal, ")");
+  const ops::FusedAttentionArgs a =
+      fused_args(query, key, value, mask, options.scale, options.causal);
+  Tensor out(Shape{batch, query.dim(1), query.dim(2), value.dim(3)});
+  Tensor lse(Shape{batch, query.dim(2), query.dim(1)});
+  ops::fused_attention_forward(a, out.data<float>(), lse.data<float>(), 0, a.batch * a.heads);
+  Tape* t = Tape::current();
+  if (t == nullptr) return out;
+  const int32_t nq = t->node_of(query), nk = t->node_of(key), nv = t->node_of(value);
+  if (nq < 0 && nk < 0 && nv < 0) return out;
+  auto saved = std::make_shared<FusedSaved>(FusedSaved{stop_gradient(out), std::move(lse), mask});
+  Node& n = t->record(fused_attention_backward, out, nq, nk, nv);
+  n.saved[0] = stop_gradient(query);
+  n.saved[1] = stop_gradient(key);
+  n.saved[2] = stop_gradient(value);
+  n.attrs = std::move(saved);
+  n.f[0] = options.scale;
+  n.i[0] = options.causal;
   return out;
 }
 

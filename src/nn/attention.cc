@@ -8,6 +8,7 @@
 #include "dtrain/autograd/attention.h"
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/ops/attention_fused.h"
 #include "layer_registry.h"
 #include "masking.h"
 
@@ -165,6 +166,23 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
                  " does not match [batch, T, S] = [", batch, ", ", t_len, ", ", s_len, "]");
     if (m.rank() == 3) mask = mask.reshape(Shape{m[0], 1, m[1], m[2]});
   }
+  // The fused kernel when nothing needs the [B, N, T, S] probabilities (returned scores,
+  // dropout on them) and the masks are causal and/or a key padding mask under which every query
+  // sees a key (Keras's uniform fully-masked rows stay on the unfused path).
+  if (!mask.defined() && !options.attention_scores &&
+      (dropout_rate_ <= 0.0f || !options.training)) {
+    Tensor key_padding;
+    if (fusable_masks(options, batch, t_len, s_len, &key_padding)) {
+      const Tensor q = project(query, *wq_, bq_);
+      const Tensor k = project(key, *wk_, bk_);
+      const Tensor v = project(value, *wv_, bv_);
+      const Tensor context =
+          fused_attention(q, k, v, key_padding,
+                          {.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)),
+                           .causal = options.use_causal_mask});
+      return output_projection(context, batch, t_len);
+    }
+  }
   // With any mask, the causal mask joins the combined mask (one −1e9 per masked score, so a
   // fully masked row is uniform, as Keras's single combined mask gives).
   const bool keras_masks =
@@ -187,10 +205,36 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value,
   // Dropout::call directly: Layer::operator() would pin the first call's [B, N, T, S].
   const Tensor dropped = dropout_rate_ > 0.0f ? dropout_.call(probs, options.training) : probs;
   const Tensor context = multihead_combine(dropped, v, causal_products);  // [B, T, N, Hv]
+  return output_projection(context, batch, t_len);
+}
+
+Tensor MultiHeadAttention::output_projection(const Tensor& context, int64_t batch,
+                                             int64_t t_len) const {
   const Tensor flat = reshape(context, Shape{batch * t_len, num_heads_ * value_dim_});
   const Tensor w = reshape(wo_->value(), Shape{num_heads_ * value_dim_, out_features_});
   const Tensor b = bo_ ? bo_->value() : Tensor();
   return reshape(dense(flat, w, b, ops::Activation::kLinear), Shape{batch, t_len, out_features_});
+}
+
+bool MultiHeadAttention::fusable_masks(const AttentionCallOptions& options, int64_t batch,
+                                       int64_t t_len, int64_t s_len, Tensor* key_padding) const {
+  if (s_len == 0) return false;  // no key at all: the unfused path's result, whatever it is
+  if (options.query_mask.defined()) {
+    // A masked query's row is fully masked (uniform in Keras): only an all-true mask fuses.
+    const Tensor qm = detail::sequence_mask(options.query_mask, batch, t_len, *this);
+    const float* p = qm.data<float>();
+    if (!std::all_of(p, p + qm.num_elements(), [](float x) { return x != 0.0f; })) return false;
+  }
+  auto rows = [&](const Tensor& m) {
+    return m.defined() ? detail::sequence_mask(m, batch, s_len, *this) : Tensor();
+  };
+  Tensor km = rows(options.value_mask);
+  if (const Tensor k = rows(options.key_mask); k.defined()) {
+    km = km.defined() ? detail::mask_and(km, k, *this) : k;
+  }
+  *key_padding = km;
+  return !km.defined() || ops::fused_attention_rows_have_keys(km.data<float>(), batch, s_len,
+                                                              options.use_causal_mask);
 }
 
 namespace {

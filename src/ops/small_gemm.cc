@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "dtrain/core/error.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define DTRAIN_SMALL_GEMM_AVX2 1
@@ -57,7 +59,7 @@ void block_scalar(const SmallGemmArgs& g, int64_t i0, int rows, const BlockRange
     const int64_t i = i0 + q;
     const float* a = g.a + i * g.a_row_stride;
     float* c = g.c + i * g.ldc;
-    for (int64_t j = j0; j < j1; ++j) c[j] = 0.0f;
+    if (!g.accumulate) std::fill(c + j0, c + j1, 0.0f);
     for (int64_t l = r.row_lo[q]; l < r.row_hi[q]; ++l) {
       const float av = a[l * g.a_inner_stride];
       const float* b = g.b + l * g.ldb;
@@ -71,8 +73,17 @@ void block_scalar(const SmallGemmArgs& g, int64_t i0, int rows, const BlockRange
 template <int Rows>
 void block_avx2(const SmallGemmArgs& g, int64_t i0, const BlockRanges& r, int64_t j0) {
   __m256 acc[Rows][2];
+  if (g.accumulate) {
 #pragma GCC unroll 6
-  for (int q = 0; q < Rows; ++q) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
+    for (int q = 0; q < Rows; ++q) {
+      const float* c = g.c + (i0 + q) * g.ldc + j0;
+      acc[q][0] = _mm256_loadu_ps(c);
+      acc[q][1] = _mm256_loadu_ps(c + 8);
+    }
+  } else {
+#pragma GCC unroll 6
+    for (int q = 0; q < Rows; ++q) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
+  }
   const float* a = g.a + i0 * g.a_row_stride;
   const int64_t rs = g.a_row_stride, is = g.a_inner_stride;
   const float* b = g.b + j0;
@@ -131,6 +142,8 @@ void block_avx2_rows(const SmallGemmArgs& g, int64_t i0, int rows, const BlockRa
 
 void small_gemm(const SmallGemmArgs& g) {
   if (g.m <= 0 || g.n <= 0) return;
+  DTRAIN_CHECK(!g.accumulate || g.causal != CausalPart::kColumnsUpToRow,
+               "small_gemm: accumulate does not combine with kColumnsUpToRow");
   const bool causal_columns = g.causal == CausalPart::kColumnsUpToRow;
   for (int64_t i0 = 0; i0 < g.m; i0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, g.m - i0));

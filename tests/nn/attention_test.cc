@@ -85,18 +85,81 @@ TEST(MultiHeadAttention, CausalMaskHidesTheFuture) {
   MultiHeadAttention mha(2, 4, {.seed = 7});
   const Tensor x = random_tensor(Shape{1, 5, 8}, 21);
   Tensor scores;
-  const Tensor y = mha(x, x, {.use_causal_mask = true, .attention_scores = &scores});
+  const Tensor unfused = mha(x, x, {.use_causal_mask = true, .attention_scores = &scores});
   ASSERT_EQ(scores.shape(), (Shape{1, 2, 5, 5}));
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t t = 0; t < 5; ++t)
       for (int64_t s = t + 1; s < 5; ++s)
         EXPECT_EQ(scores.data<float>()[(h * 5 + t) * 5 + s], 0.0f);
-  // Changing the last position changes only the last output row.
-  Tensor x2 = x.clone();
-  for (int64_t j = 0; j < 8; ++j) x2.data<float>()[4 * 8 + j] += 1.0f;
-  const Tensor y2 = mha(x2, x2, {.use_causal_mask = true});
-  for (int64_t i = 0; i < 4 * 8; ++i) EXPECT_EQ(y.data<float>()[i], y2.data<float>()[i]);
-  EXPECT_NE(y.data<float>()[4 * 8], y2.data<float>()[4 * 8]);
+  // Changing the last position changes only the last output row, on both paths (without the
+  // scores, the fused kernel).
+  for (int pass = 0; pass < 2; ++pass) {
+    SCOPED_TRACE(pass == 0 ? "unfused" : "fused");
+    Tensor ignored;
+    const AttentionCallOptions o{.use_causal_mask = true,
+                                 .attention_scores = pass == 0 ? &ignored : nullptr};
+    const Tensor y = pass == 0 ? unfused : mha(x, x, o);
+    Tensor x2 = x.clone();
+    for (int64_t j = 0; j < 8; ++j) x2.data<float>()[4 * 8 + j] += 1.0f;
+    const Tensor y2 = mha(x2, x2, o);
+    for (int64_t i = 0; i < 4 * 8; ++i) EXPECT_EQ(y.data<float>()[i], y2.data<float>()[i]);
+    EXPECT_NE(y.data<float>()[4 * 8], y2.data<float>()[4 * 8]);
+  }
+}
+
+// The fused kernel (taken without returned scores, probability dropout or an attention_mask)
+// against the unfused path (forced by asking for the scores): outputs and weight gradients,
+// for the causal mask, key padding (value and key masks), both, an all-true query mask, and
+// masks the fused kernel hands back to the unfused path (a masked query; causal with key 0
+// padded), T = 53 (odd, past a block of 48 queries and keys), key_dim 5.
+TEST(MultiHeadAttention, FusedPathEqualsTheUnfusedOne) {
+  const int64_t B = 3, T = 53;
+  const Tensor x = random_tensor(Shape{B, T, 6}, 41);
+  Tensor pad = Tensor::ones(Shape{B, T});
+  for (int64_t t = 46; t < T; ++t) pad.data<float>()[T + t] = 0;  // row 1: the last 7 padded
+  pad.data<float>()[2 * T + 5] = 0;                               // row 2: one inside
+  Tensor left = pad.clone();
+  left.data<float>()[0] = 0;  // row 0: key 0 padded (its first query sees nothing causally)
+  struct Case {
+    const char* what;
+    AttentionCallOptions o;
+  };
+  const Case cases[] = {
+      {"causal", {.use_causal_mask = true}},
+      {"none", {}},
+      {"value mask", {.value_mask = pad}},
+      {"causal and value/key masks", {.use_causal_mask = true, .value_mask = pad, .key_mask = pad}},
+      {"all-true query mask", {.use_causal_mask = true, .query_mask = Tensor::ones(Shape{B, T})}},
+      {"masked queries (unfused)", {.query_mask = pad, .value_mask = pad}},
+      {"causal, key 0 padded (unfused)", {.use_causal_mask = true, .value_mask = left}},
+  };
+  MultiHeadAttention mha(2, 5, {.value_dim = 3, .seed = 4});
+  mha(x);
+  for (Variable* w : mha.weights()) w->assign(random_tensor(w->shape(), 42));
+  auto run = [&](AttentionCallOptions o, bool unfused) {
+    Tensor scores;
+    if (unfused) o.attention_scores = &scores;
+    GradientTape tape;
+    const Tensor y = mha(x, x, o);
+    const Tensor r = random_tensor(y.shape(), 43, 0.5f, 1.5f);
+    std::vector<Tensor> out = tape.gradient(reduce_sum(multiply(y, r)), mha.trainable_weights());
+    out.insert(out.begin(), y);
+    return out;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::vector<Tensor> want = run(c.o, true);
+    const std::vector<Tensor> got = run(c.o, false);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].shape(), want[i].shape()) << "tensor " << i;
+      for (int64_t e = 0; e < got[i].num_elements(); ++e) {
+        const float w = want[i].data<float>()[e];
+        ASSERT_NEAR(got[i].data<float>()[e], w, 2e-5 * (1 + std::fabs(w)))
+            << "tensor " << i << " element " << e;
+      }
+    }
+  }
 }
 
 TEST(MultiHeadAttention, DropoutOnProbabilitiesIsSeededAndOnlyInTraining) {

@@ -14,9 +14,11 @@
 namespace dtrain::ops {
 namespace {
 
-void check(int64_t m, int64_t n, int64_t k, bool transpose_a, CausalPart part) {
+void check(int64_t m, int64_t n, int64_t k, bool transpose_a, CausalPart part,
+           bool accumulate = false) {
   SCOPED_TRACE(testing::Message() << "m " << m << " n " << n << " k " << k << " transposed "
-                                  << transpose_a << " part " << static_cast<int>(part));
+                                  << transpose_a << " part " << static_cast<int>(part)
+                                  << " accumulate " << accumulate);
   Philox rng(static_cast<uint64_t>(m * 10007 + n * 101 + k));
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // A with a padded leading dimension (stored [m, k] or, transposed, [k, m]).
@@ -45,10 +47,11 @@ void check(int64_t m, int64_t n, int64_t k, bool transpose_a, CausalPart part) {
               .ldb = ldb,
               .c = c.data(),
               .ldc = ldc,
-              .causal = part});
+              .causal = part,
+              .accumulate = accumulate});
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      double want = 0;
+      double want = accumulate ? -7.0 : 0.0;  // C's initial value, added to
       if (part != CausalPart::kColumnsUpToRow || j <= i) {
         for (int64_t l = 0; l < k; ++l)
           if (read(i, l)) want += static_cast<double>(a_at(i, l)) * b[l * ldb + j];
@@ -70,6 +73,10 @@ TEST(SmallGemm, MatchesATripleLoopForEveryCausalPart) {
       check(37, 32, 37, transpose_a, part);  // the attention shapes: T × H over T ...
       check(37, 37, 32, transpose_a, part);  // ... and T × T over H
       check(9, 20, 3, transpose_a, part);    // non-square (the causal part by index)
+      if (part != CausalPart::kColumnsUpToRow) {
+        for (int64_t size : {1, 7, 17, 40}) check(size, size, size, transpose_a, part, true);
+        check(37, 32, 37, transpose_a, part, true);
+      }
     }
   }
 }

@@ -35,4 +35,19 @@ Tensor multihead_scores(const Tensor& query, const Tensor& key, bool causal = fa
 // softmax's output), and gets a zero gradient.
 Tensor multihead_combine(const Tensor& probs, const Tensor& value, bool causal = false);
 
+struct FusedAttentionOptions {
+  float scale = 1.0f;   // the scores are scale · q·k
+  bool causal = false;  // key s is hidden from query t when s > t
+};
+
+// multihead_combine(masked_softmax(multihead_scores(query, key), mask), value) in one fused op
+// (ops::fused_attention_forward): query [B, T, N, H], key [B, S, N, H], value [B, S, N, Hv] →
+// [B, T, N, Hv], never materializing [B, N, T, S]. `key_mask` (optional) is [B, S], nonzero:
+// attend. Differentiable with respect to query, key and value (the backward recomputes the
+// probabilities). Every query row must see an unmasked key (ops::fused_attention_rows_have_keys):
+// InvalidArgumentError otherwise, as for shapes that do not fit.
+Tensor fused_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                       const Tensor& key_mask = Tensor(),
+                       const FusedAttentionOptions& options = {});
+
 }  // namespace dtrain

@@ -124,6 +124,12 @@ class MultiHeadAttention : public Layer {
   // selection mask [batch, 1, T, S].
   Tensor combined_mask(const AttentionCallOptions& options, const Tensor& attention_mask,
                        int64_t batch, int64_t t_len, int64_t s_len) const;
+  // Whether the Keras masks allow the fused kernel (no query masked; every query sees an
+  // unmasked key); sets *key_padding to value_mask ∧ key_mask as [batch, S] (undefined: none).
+  bool fusable_masks(const AttentionCallOptions& options, int64_t batch, int64_t t_len,
+                     int64_t s_len, Tensor* key_padding) const;
+  // context [B, T, N, Hv] through the output dense → [B, T, output features].
+  Tensor output_projection(const Tensor& context, int64_t batch, int64_t t_len) const;
 
   int64_t num_heads_;
   int64_t key_dim_;

@@ -26,9 +26,11 @@ struct SmallGemmArgs {
   int64_t a_inner_stride = 1;
   const float* b = nullptr;  // B(l, j) = b[l·ldb + j]
   int64_t ldb = 0;
-  float* c = nullptr;  // C(i, j) = c[i·ldc + j], overwritten
+  float* c = nullptr;  // C(i, j) = c[i·ldc + j], overwritten (or added to: `accumulate`)
   int64_t ldc = 0;
   CausalPart causal = CausalPart::kNone;
+  // C += A·B instead of C = A·B (not with kColumnsUpToRow, which writes C's upper triangle).
+  bool accumulate = false;
 };
 
 // C = A·B over the part `causal` selects. Each C(i, j) sums its terms in increasing l, so the

@@ -148,13 +148,13 @@ struct Backup {
   double clipnorm = 0, global_clipnorm = 0;  // Adam's clipping by norm (0: none)
   bool sharded = false;                      // --sharded-checkpoints 1
   int64_t exit_at_epoch = -1;
-  bool dataset_input = false;  // --input dataset
-  std::string rows_out;        // --rows-out
-  std::string logdir;          // --logdir
-  int64_t profile_steps = 0;   // --profile-steps
-  int logical_replicas = 0;    // --logical-replicas
-  std::string rows_log;        // --rows-log
-  bool dropout = false;        // --dropout 1: Dropout(0.25, seeded) after the hidden layer
+  bool dataset_input = false;    // --input dataset
+  std::string rows_out;          // --rows-out
+  std::string logdir;            // --logdir
+  int64_t profile_steps = 0;     // --profile-steps
+  int logical_replicas = 0;      // --logical-replicas
+  std::string rows_log;          // --rows-log
+  bool dropout = false;          // --dropout 1: Dropout(0.25, seeded) after the hidden layer
   int64_t standby_delay_ms = 0;  // --standby-delay-ms
   bool report_progress = false;  // --report-progress 1
 };

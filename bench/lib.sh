@@ -93,3 +93,10 @@ side_by_side() {
   f=$(median "${f_epochs[@]}")
   last_d="$tmp/dtrain.$rounds" last_t="$tmp/torch.$rounds" last_f="$tmp/torchftz.$rounds"
 }
+
+# fortunes_corpus FILE: the English fortunes (the text files, not the .dat/.u8 indexes) in name
+# order, as data/fortunes.h reads them: the LM benchmarks' corpus.
+fortunes_corpus() {
+  find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 |
+    sort -z | xargs -0 cat > "$1"
+}

@@ -16,8 +16,7 @@ tokens="${1:-120}"
 dtrain="${BUILD_DIR:-build}/dtrain"
 need_binary "$dtrain"
 corpus="$tmp/fortunes.txt"
-find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 |
-  sort -z | xargs -0 cat > "$corpus"
+fortunes_corpus "$corpus"
 ctx=128 layers=4 d=128 heads=4
 "$dtrain" fit --arch gpt --corpus "$corpus" --context $ctx --layers $layers --d-model $d \
   --heads $heads --batch-size 8 --optimizer adamw --validation-split 0 --epochs 1 \

@@ -17,8 +17,7 @@ rounds="${2:-2}"
 dtrain="${BUILD_DIR:-build}/dtrain"
 need_binary "$dtrain"
 corpus="$tmp/fortunes.txt"
-find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 |
-  sort -z | xargs -0 cat > "$corpus"
+fortunes_corpus "$corpus"
 ctx=128 layers=4 d=128 heads=4 batch=32
 model=(--corpus "$corpus" --context $ctx --layers $layers --d-model $d --heads $heads
   --batch-size $batch --optimizer adamw --learning-rate 3e-4 --global-clipnorm 1.0

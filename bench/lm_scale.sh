@@ -21,8 +21,7 @@ batch="${BATCH:-48}"
 dtrain="${BUILD_DIR:-build}/dtrain"
 need_binary "$dtrain"
 corpus="$tmp/fortunes.txt"
-find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 |
-  sort -z | xargs -0 cat > "$corpus"
+fortunes_corpus "$corpus"
 ctx=128 layers=4 d=128 heads=4
 
 # run_dtrain OUT WORKERS FLAGS...: two epochs of `steps` steps; the second is the one counted.

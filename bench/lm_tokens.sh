@@ -16,9 +16,7 @@ export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
 dtrain="${BUILD_DIR:-build}/dtrain"
 need_binary "$dtrain"
 corpus="$tmp/fortunes.txt"
-# The English fortunes (the text files, not the .dat indexes), as data/fortunes.h reads them.
-find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 |
-  sort -z | xargs -0 cat > "$corpus"
+fortunes_corpus "$corpus"
 ctx=128 layers=4 d=128 heads=4 batch=32
 d_tps=() t_tps=()
 for r in $(seq "$rounds"); do

@@ -53,9 +53,11 @@ std::vector<std::string> gather_strings(Collectives& c, const std::string& mine)
   c.all_gather(size, sizes);
   std::vector<size_t> bytes;
   size_t total = 0;
-  for (int64_t s : sizes.to_vector<int64_t>()) {
-    bytes.push_back(static_cast<size_t>(s));
-    total += static_cast<size_t>(s);
+  // Read in place: a to_vector() temporary in the loop made g++ 12 warn -Wfree-nonheap-object.
+  const int64_t* per_rank = sizes.data<int64_t>();
+  for (int k = 0; k < c.size(); ++k) {
+    bytes.push_back(static_cast<size_t>(per_rank[k]));
+    total += static_cast<size_t>(per_rank[k]);
   }
   std::string all(total, '\0');
   c.all_gather_v(mine.data(), all.data(), bytes);

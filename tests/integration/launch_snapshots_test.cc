@@ -92,11 +92,26 @@ class LaunchSnapshots : public ::testing::Test {
     if (!HasFailure()) std::system(("rm -rf " + dir_).c_str());
   }
 
+  // Lines "first step done" in `log`: each fit_worker prints it once, after its first step.
+  static int trained(const std::string& log) {
+    const std::string s = read_file(log);
+    int n = 0;
+    for (size_t at = s.find("first step done"); at != std::string::npos;
+         at = s.find("first step done", at + 1)) {
+      ++n;
+    }
+    return n;
+  }
+
   // Kills a random worker of `launcher_pid` every `lo`..`hi` ms, `kills` times or until it
-  // exits (then returns false).
-  bool kill_workers(Process& p, int kills, std::mt19937& rng, int lo, int hi, int& done) {
+  // exits (then returns false). With `log` (one node, restart-all), each kill also waits until
+  // every worker of the generation it hits has trained a step, so that a loaded machine's slow
+  // restarts do not let every kill land in start-up, before any snapshot could exist.
+  bool kill_workers(Process& p, int kills, std::mt19937& rng, int lo, int hi, int& done,
+                    const std::string& log = "") {
     std::uniform_int_distribution<int> delay_ms(lo, hi);
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    const auto deadline = Clock::now() + std::chrono::seconds(log.empty() ? 60 : 180);
+    int at_last_kill = 0;  // "first step done" lines when the last kill was made
     while (done < kills && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
       int status = 0;
@@ -106,9 +121,15 @@ class LaunchSnapshots : public ::testing::Test {
       }
       const std::vector<pid_t> workers = children(p.pid);
       if (workers.empty()) continue;  // between generations
+      // Restart-all: every worker of the generation after a kill prints its first step once.
+      const int now = log.empty() ? 0 : trained(log);
+      if (!log.empty() && now < at_last_kill + static_cast<int>(workers.size())) continue;
       const pid_t victim =
           workers[std::uniform_int_distribution<size_t>(0, workers.size() - 1)(rng)];
-      if (kill(victim, SIGKILL) == 0) ++done;
+      if (kill(victim, SIGKILL) == 0) {
+        ++done;
+        at_last_kill = now;
+      }
     }
     return true;
   }
@@ -152,7 +173,7 @@ TEST_F(LaunchSnapshots, RandomWorkerKillsRestoreFromLocalMemoryBitwise) {
       {}, dir_ + "/job.log");
   std::mt19937 rng(15);
   int kills = 0;
-  kill_workers(p, 6, rng, 300, 900, kills);
+  kill_workers(p, 6, rng, 300, 900, kills, dir_ + "/job.log");
   const int code = p.pid > 0 ? wait_for(p, Clock::now() + std::chrono::seconds(180)) : 0;
   const std::string log = read_file(dir_ + "/job.log");
   ASSERT_EQ(code, 0) << tail(log);

@@ -2,15 +2,12 @@
 // check that every worker runs the same build.
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <utility>
 
+#include "core/tcp.h"
 #include "dtrain/core/build_info.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
@@ -46,34 +43,6 @@ bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-// The address this machine's traffic to `host` leaves from (a connected UDP socket's local
-// address: nothing is sent), or "" when `host` does not resolve or is unreachable.
-std::string local_address_towards(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
-  std::string out;
-  for (const addrinfo* a = found; a != nullptr && out.empty(); a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    char text[INET6_ADDRSTRLEN] = {};
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      const void* addr =
-          local.ss_family == AF_INET
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-      if (::inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) out = text;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(found);
-  return out;
-}
-
 // The address this worker's Gloo pairs listen on when nothing names one (DTRAIN_HOST, TF_CONFIG,
 // Slurm, MPI): loopback when the rendezvous is on this machine; the address that routes to a
 // remote rendezvous host (what the other machines reach, even where this machine's name
@@ -82,7 +51,7 @@ std::string default_host(const std::string& rendezvous) {
   const std::string rdzv_host = rendezvous_host(rendezvous);
   if (is_loopback(rdzv_host)) return "127.0.0.1";
   if (!rdzv_host.empty()) {
-    if (std::string local = local_address_towards(rdzv_host); !local.empty()) return local;
+    if (std::string local = tcp::local_address_towards(rdzv_host); !local.empty()) return local;
   }
   return this_hostname();
 }

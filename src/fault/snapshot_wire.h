@@ -10,11 +10,15 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
+
+namespace dtrain::tcp {
+class Server;
+}  // namespace dtrain::tcp
 
 namespace dtrain::fault {
 
@@ -29,18 +33,14 @@ class SnapshotServer {
   // one connection at a time. Throws UnavailableError when it cannot listen.
   SnapshotServer(const std::string& host, Put put, Get get);
   ~SnapshotServer();
-  int port() const { return port_; }
+  int port() const;
 
  private:
-  void serve();
   void handle(int fd);
 
   Put put_;
   Get get_;
-  int listen_fd_ = -1;
-  int wake_[2] = {-1, -1};
-  int port_ = 0;
-  std::thread thread_;
+  std::unique_ptr<tcp::Server> server_;  // last: its thread calls handle()
 };
 
 // Sends a snapshot to the agent at `address` (host:port). Throws UnavailableError naming the

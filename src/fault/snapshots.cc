@@ -2,10 +2,7 @@
 // replication to the ring neighbour, and the agreement on the step to resume from.
 #include "fault/snapshots.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/tcp.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
@@ -90,31 +88,7 @@ void write_snapshot(const fs::path& dir, int64_t step, const SnapshotFiles& file
 
 }  // namespace
 
-std::string snapshot_agent_host(const std::string& service) {
-  if (const char* host = std::getenv("DTRAIN_HOST"); host && *host) return host;
-  const size_t colon = service.rfind(':');
-  const std::string host = colon == std::string::npos ? service : service.substr(0, colon);
-  if (host.empty() || host == "localhost" || host.rfind("127.", 0) == 0) return "127.0.0.1";
-  // The address of this machine that routes to the coordination service's host.
-  in_addr peer{};
-  if (::inet_pton(AF_INET, host.c_str(), &peer) != 1) return host;
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(9);
-  a.sin_addr = peer;
-  std::string out = "127.0.0.1";
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    socklen_t len = sizeof a;
-    char buf[INET_ADDRSTRLEN] = {};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
-        ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf) != nullptr) {
-      out = buf;
-    }
-  }
-  ::close(fd);
-  return out;
-}
+std::string snapshot_agent_host(const std::string& service) { return tcp::reachable_host(service); }
 
 SnapshotKeeper::SnapshotKeeper(SnapshotKeeperOptions options) : o_(std::move(options)) {
   fs::path base = o_.root;

@@ -1,26 +1,18 @@
 // Peer-to-peer copies of committed backups (backup_transfer.h): plain POSIX sockets.
 #include "backup_transfer.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <memory>
 #include <regex>
 #include <vector>
 
+#include "core/tcp.h"
 #include "dtrain/core/crc32c.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
@@ -34,62 +26,15 @@ constexpr size_t kChunk = size_t{1} << 20;
 constexpr uint64_t kMaxName = 4096;
 constexpr uint64_t kMaxFiles = 1024;
 
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+using tcp::Fd;
+using tcp::read_all;
+using tcp::read_some;
+using tcp::read_u64;
+using tcp::write_all;
+using tcp::write_u64;
 
-void set_timeouts(int fd, std::chrono::milliseconds timeout) {
-  timeval tv{.tv_sec = static_cast<time_t>(timeout.count() / 1000),
-             .tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-// False on EOF or error (a timeout included).
-bool write_all(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-// Bytes read before EOF or an error (n when complete).
-size_t read_some(int fd, void* data, size_t n) {
-  char* p = static_cast<char*>(data);
-  size_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::recv(fd, p + got, n - got, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  return got;
-}
-
-bool read_all(int fd, void* data, size_t n) { return read_some(fd, data, n) == n; }
-
-bool write_u64(int fd, uint64_t v) { return write_all(fd, &v, sizeof v); }
-bool write_string(int fd, std::string_view s) {
-  return write_u64(fd, s.size()) && write_all(fd, s.data(), s.size());
-}
-bool read_u64(int fd, uint64_t& v) { return read_all(fd, &v, sizeof v); }
-bool read_string(int fd, std::string& s, uint64_t max) {
-  uint64_t n = 0;
-  if (!read_u64(fd, n) || n > max) return false;
-  s.resize(n);
-  return read_all(fd, s.data(), n);
-}
+bool write_string(int fd, std::string_view s) { return tcp::write_frame(fd, s); }
+bool read_string(int fd, std::string& s, uint64_t max) { return tcp::read_frame(fd, s, max); }
 
 bool plain_name(const std::string& name) {
   static const std::regex ok(R"([A-Za-z0-9_][A-Za-z0-9_.-]*)");
@@ -119,85 +64,16 @@ std::vector<std::string> backup_files(const std::string& dir, const std::string&
   return out;
 }
 
-int connect_to(const std::string& address, const std::string& peer,
-               std::chrono::milliseconds timeout) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    throw InvalidArgumentError(str_cat("backup transfer: bad address '", address, "' of ", peer));
-  }
-  const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
-    throw UnavailableError(str_cat("backup transfer: cannot resolve ", peer, " at ", address));
-  }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  set_timeouts(fd, timeout);
-  const int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
-  const int err = errno;
-  ::freeaddrinfo(res);
-  if (rc != 0) {
-    ::close(fd);
-    throw UnavailableError(str_cat("backup transfer: cannot connect to ", peer, " at ", address,
-                                   ": ", std::strerror(err)));
-  }
-  return fd;
-}
-
 }  // namespace
 
-BackupFileServer::BackupFileServer(std::string dir) : dir_(std::move(dir)) {
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const int one = 1;
-  ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = 0;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::listen(listen_fd_, 16) != 0) {
-    const int err = errno;
-    ::close(listen_fd_);
-    throw UnavailableError(str_cat("backup transfer: cannot listen: ", std::strerror(err)));
-  }
-  socklen_t len = sizeof a;
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-  port_ = ntohs(a.sin_port);
-  if (::pipe2(wake_, O_CLOEXEC) != 0) {
-    ::close(listen_fd_);
-    throw UnavailableError("backup transfer: pipe failed");
-  }
-  thread_ = std::thread([this] { serve(); });
-}
+BackupFileServer::BackupFileServer(std::string dir)
+    : dir_(std::move(dir)),
+      server_(std::make_unique<tcp::Server>("", "backup transfer", std::chrono::seconds(30),
+                                            [this](int fd) { handle(fd); })) {}
 
-BackupFileServer::~BackupFileServer() {
-  const char c = 0;
-  [[maybe_unused]] ssize_t ignored = ::write(wake_[1], &c, 1);
-  if (thread_.joinable()) thread_.join();
-  ::close(listen_fd_);
-  ::close(wake_[0]);
-  ::close(wake_[1]);
-}
+BackupFileServer::~BackupFileServer() = default;
 
-void BackupFileServer::serve() {
-  while (true) {
-    pollfd fds[2] = {{.fd = listen_fd_, .events = POLLIN, .revents = 0},
-                     {.fd = wake_[0], .events = POLLIN, .revents = 0}};
-    if (::poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (fds[1].revents != 0) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Fd conn(fd);
-    set_timeouts(fd, std::chrono::seconds(30));  // a peer that stops mid-request is dropped
-    handle(fd);
-  }
-}
+int BackupFileServer::port() const { return server_->port(); }
 
 void BackupFileServer::handle(int fd) {
   std::string op, name;
@@ -231,7 +107,7 @@ FetchedBackup fetch_backup(const std::string& address, const std::string& peer,
                            const std::string& name, const std::string& into,
                            std::chrono::milliseconds timeout) {
   DTRAIN_CHECK(plain_name(name), "backup transfer: '", name, "' is not a plain checkpoint name");
-  Fd conn(connect_to(address, peer, timeout));
+  Fd conn(tcp::connect_to(address, "backup transfer", str_cat(peer, " at ", address), timeout));
   const auto lost = [&](const std::string& what) {
     return UnavailableError(str_cat("backup transfer: ", peer, " (", address, ") ", what,
                                     " while sending ", name, "; nothing of it was kept in ", into));
@@ -308,27 +184,7 @@ FetchedBackup fetch_backup(const std::string& address, const std::string& peer,
 }
 
 std::string reachable_host(const std::string& service_host) {
-  if (const char* host = std::getenv("DTRAIN_HOST"); host && *host) return host;
-  const std::string& host = service_host;
-  if (host.empty() || host == "localhost" || host.rfind("127.", 0) == 0) return "127.0.0.1";
-  in_addr peer{};
-  if (::inet_pton(AF_INET, host.c_str(), &peer) != 1) return host;
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(9);
-  a.sin_addr = peer;
-  std::string out = "127.0.0.1";
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    socklen_t len = sizeof a;
-    char buf[INET_ADDRSTRLEN] = {};
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0 &&
-        ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf) != nullptr) {
-      out = buf;
-    }
-  }
-  ::close(fd);
-  return out;
+  return tcp::reachable_host(service_host);
 }
 
 }  // namespace dtrain::train

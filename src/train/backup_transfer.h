@@ -12,8 +12,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
-#include <thread>
+
+namespace dtrain::tcp {
+class Server;
+}  // namespace dtrain::tcp
 
 namespace dtrain::train {
 
@@ -25,17 +29,13 @@ class BackupFileServer {
   ~BackupFileServer();  // stops serving (a transfer in progress is cut off)
   BackupFileServer(const BackupFileServer&) = delete;
   BackupFileServer& operator=(const BackupFileServer&) = delete;
-  int port() const { return port_; }
+  int port() const;
 
  private:
-  void serve();
   void handle(int fd);
 
   std::string dir_;
-  int listen_fd_ = -1;
-  int wake_[2] = {-1, -1};
-  int port_ = 0;
-  std::thread thread_;
+  std::unique_ptr<tcp::Server> server_;  // last: its thread calls handle()
 };
 
 struct FetchedBackup {

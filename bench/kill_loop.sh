@@ -11,6 +11,9 @@
 # --max_restarts with torch.save every 50 steps (bench/torchrun_kill_loop.sh; NO_TORCH=1 skips
 # it), its goodput against its own uninterrupted run. Goodput = uninterrupted wall time / wall time with kills;
 # recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it).
+# JOB=lm runs the same modes on a small char-level GPT on the fortunes text (2 blocks, d_model 64,
+# 4 heads, context 64, batch 16 per worker, AdamW, global_clipnorm 1.0, STEPS steps per epoch,
+# default 100; accuracy = the final validation accuracy); torchrun's rows are the MLP's only.
 # Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10] [max_kills=0: no cap]
 # (after scripts/build.sh). On a loaded machine, where a restart of every worker can take longer
 # than the period (the job then never gets past it), cap the kills to compare the cost per failure.
@@ -25,6 +28,18 @@ dtrain="$(pwd)/${BUILD_DIR:-build}/dtrain"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap "${KEEP_TMP:+:} rm -rf \"\$tmp\"" EXIT
+job="${JOB:-mlp}"
+case "$job" in
+  mlp) job_args=(--batch-size 64) ;;
+  lm)
+    find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 |
+      sort -z | xargs -0 cat > "$tmp/fortunes.txt"
+    job_args=(--arch gpt --corpus "$tmp/fortunes.txt" --context 64 --layers 2 --d-model 64
+      --heads 4 --batch-size 16 --optimizer adamw --learning-rate 1e-3 --global-clipnorm 1.0
+      --validation-split 0.01 --steps-per-epoch "${STEPS:-100}")
+    ;;
+  *) echo "JOB must be mlp or lm, not '$job'" >&2; exit 2 ;;
+esac
 
 # The launcher's children that are workers: not a spare standing by (started, never taken over).
 workers_of() {
@@ -46,7 +61,7 @@ run() {
   start=$(date +%s.%N)
   "$dtrain" launch --nproc-per-node 2 --max-restarts 100 --grace-period 1 \
     --snapshot-every "$snap" --on-failure "$mode" --spares "$spares" --event-log "$dir/events.jsonl" -- \
-    "$dtrain" fit --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 \
+    "$dtrain" fit --strategy multi-worker --epochs "$epochs" "${job_args[@]}" --seed 0 \
     --verbose 2 --checkpoint-dir "$dir/ckpt" --checkpoint-every 50 --resume > "$dir/log" 2>&1 &
   local launcher=$! kills=0
   if [[ $kills_on == 1 ]]; then
@@ -76,10 +91,10 @@ read -r tm km am lm rm < <(run memory "$every" 1)
 read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
 read -r tp kp ap lp rp < <(run spares "$every" 1 survivors 1)
 torch_rows=()
-if [[ -z "${NO_TORCH:-}" && -x /usr/bin/torchrun ]]; then
+if [[ -z "${NO_TORCH:-}" && $job == mlp && -x /usr/bin/torchrun ]]; then
   mapfile -t torch_rows < <(RAW=1 bench/torchrun_kill_loop.sh "$epochs" "$period" 50 "$max_kills")
 fi
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s$(
+echo "job: $job; load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s$(
   ((max_kills > 0)) && echo ", at most $max_kills kills")"
 printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failure lost_steps \
   recovery_s accuracy

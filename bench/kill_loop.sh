@@ -12,13 +12,15 @@
 # it), its goodput against its own uninterrupted run. Goodput = uninterrupted wall time / wall time with kills;
 # recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it).
 # JOB=lm runs the same modes on a small char-level GPT on the fortunes text (2 blocks, d_model 64,
-# 4 heads, context 64, batch 16 per worker, AdamW, global_clipnorm 1.0, STEPS steps per epoch,
-# default 100; accuracy = the final validation accuracy); torchrun's rows are the MLP's only.
+# 4 heads, context 64, global batch 16, AdamW, global_clipnorm 1.0, STEPS steps per epoch,
+# default 100; accuracy = the final validation accuracy), torchrun's rows the same GPT's
+# (bench/torch_elastic.py lm).
 # Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10] [max_kills=0: no cap]
 # (after scripts/build.sh). On a loaded machine, where a restart of every worker can take longer
 # than the period (the job then never gets past it), cap the kills to compare the cost per failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh  # fortunes_corpus
 epochs="${1:-5}"
 period="${2:-1.5}"
 every="${3:-10}"
@@ -32,8 +34,7 @@ job="${JOB:-mlp}"
 case "$job" in
   mlp) job_args=(--batch-size 64) ;;
   lm)
-    find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -print0 |
-      sort -z | xargs -0 cat > "$tmp/fortunes.txt"
+    fortunes_corpus "$tmp/fortunes.txt"
     job_args=(--arch gpt --corpus "$tmp/fortunes.txt" --context 64 --layers 2 --d-model 64
       --heads 4 --batch-size 16 --optimizer adamw --learning-rate 1e-3 --global-clipnorm 1.0
       --validation-split 0.01 --steps-per-epoch "${STEPS:-100}")
@@ -91,8 +92,8 @@ read -r tm km am lm rm < <(run memory "$every" 1)
 read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
 read -r tp kp ap lp rp < <(run spares "$every" 1 survivors 1)
 torch_rows=()
-if [[ -z "${NO_TORCH:-}" && $job == mlp && -x /usr/bin/torchrun ]]; then
-  mapfile -t torch_rows < <(RAW=1 bench/torchrun_kill_loop.sh "$epochs" "$period" 50 "$max_kills")
+if [[ -z "${NO_TORCH:-}" && -x /usr/bin/torchrun ]]; then
+  mapfile -t torch_rows < <(RAW=1 JOB=$job bench/torchrun_kill_loop.sh "$epochs" "$period" 50 "$max_kills")
 fi
 echo "job: $job; load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s$(
   ((max_kills > 0)) && echo ", at most $max_kills kills")"

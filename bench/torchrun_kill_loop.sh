@@ -2,7 +2,8 @@
 # PyTorch's side of bench/kill_loop.sh: the same 2-worker Fashion-MNIST MLP job (batch 64 = 2 x
 # 32, Adam, one thread each) under `torchrun --standalone --nproc_per_node 2 --max_restarts 100
 # --monitor_interval 0.1` (the agent polls its workers every 0.1 s; the default is 5 s) with
-# torch.save checkpoints every EVERY steps (bench/torch_elastic_mlp.py), once uninterrupted and
+# torch.save checkpoints every EVERY steps (bench/torch_elastic.py; JOB=lm: kill_loop.sh's char
+# GPT on the fortunes text, STEPS steps per epoch, default 100), once uninterrupted and
 # once with one random worker SIGKILLed every P seconds. torchrun restarts every worker on any
 # failure; each restart resumes from the newest checkpoint. `--redirects 1 --tee 1` (workers'
 # stdout to files and the console) because Debian's torchrun (PyTorch 1.13 on Python 3.11) fails
@@ -14,6 +15,7 @@
 # (Debian's /usr/bin/torchrun and python3-torch.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh  # fortunes_corpus
 epochs="${1:-5}"
 period="${2:-1.5}"
 every="${3:-50}"
@@ -21,6 +23,12 @@ max_kills="${4:-0}"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap "${KEEP_TMP:+:} rm -rf \"\$tmp\"" EXIT
+job="${JOB:-mlp}"
+job_args=()
+if [[ $job == lm ]]; then
+  fortunes_corpus "$tmp/fortunes.txt"
+  job_args=("${STEPS:-100}" "$tmp/fortunes.txt")
+fi
 
 # run NAME KILL(0|1): "seconds kills accuracy lost_steps -"
 run() {
@@ -29,12 +37,13 @@ run() {
   local start end
   start=$(date +%s.%N)
   /usr/bin/torchrun --standalone --nproc_per_node 2 --max_restarts 100 --monitor_interval 0.1 \
-    --redirects 1 --tee 1 --log_dir "$dir/torchrun" bench/torch_elastic_mlp.py "$epochs" "$dir/ckpt" "$every" "$dir/progress" > "$dir/log" 2>&1 &
+    --redirects 1 --tee 1 --log_dir "$dir/torchrun" bench/torch_elastic.py "$job" "$epochs" "$dir/ckpt" "$every" "$dir/progress" "${job_args[@]}" \
+    > "$dir/log" 2>&1 &
   local agent=$! kills=0
   if [[ $kills_on == 1 ]]; then
     while kill -0 "$agent" 2> /dev/null && ((max_kills == 0 || kills < max_kills)); do
       sleep "$period"
-      mapfile -t workers < <(pgrep -P "$agent" -f torch_elastic_mlp || true)
+      mapfile -t workers < <(pgrep -P "$agent" -f torch_elastic.py || true)
       ((${#workers[@]} > 0)) || continue
       kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
     done

@@ -78,6 +78,24 @@ void copy_region(const char* src, const Box& sb, char* dst, const Box& db, const
   }
 }
 
+// True when slice `b` lies inside region `w` and its elements are one contiguous run of the
+// region's row-major layout: it spans the region's whole extent in every dimension after the
+// first (the row partitions sharded checkpoints write, read whole or by rows).
+bool contiguous_in(const Box& b, const Box& w) {
+  if (b.lo.empty() || b.lo[0] < w.lo[0] || b.hi[0] > w.hi[0]) return false;
+  for (size_t d = 1; d < b.lo.size(); ++d) {
+    if (b.lo[d] != w.lo[d] || b.hi[d] != w.hi[d]) return false;
+  }
+  return true;
+}
+
+// The element offset of contiguous slice `b` in region `w`'s row-major layout.
+size_t offset_in(const Box& b, const Box& w) {
+  int64_t row = 1;
+  for (size_t d = 1; d < w.lo.size(); ++d) row *= w.hi[d] - w.lo[d];
+  return static_cast<size_t>((b.lo[0] - w.lo[0]) * row);
+}
+
 }  // namespace
 
 const BundleEntry& BundleReader::slice_entry(std::string_view key, const TensorSlice& slice) const {
@@ -127,7 +145,12 @@ void BundleReader::read_region(std::string_view key, const BundleEntry& full,
                                   ", expected ", dtype_name(full.dtype), " ",
                                   s->shape_in(shape).to_string()));
     }
-    const Tensor t = read_plain(se, str_cat(key, "[", s->to_string(), "]"));
+    const std::string name = str_cat(key, "[", s->to_string(), "]");
+    if (contiguous_in(b, want)) {  // read straight into its place: no staging copy
+      read_plain_into(se, name, static_cast<char*>(out.raw_data()) + offset_in(b, want) * elem);
+      continue;
+    }
+    const Tensor t = read_plain(se, name);
     copy_region(static_cast<const char*>(t.raw_data()), b, static_cast<char*>(out.raw_data()), want,
                 intersect(b, want), elem);
   }

@@ -506,7 +506,7 @@ Tensor BundleReader::read(std::string_view key) const {
   return out;
 }
 
-Tensor BundleReader::read_plain(const BundleEntry& e, std::string_view key) const {
+void BundleReader::read_plain_into(const BundleEntry& e, std::string_view key, void* dst) const {
   const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
   if (e.dtype == DType::kString) {
     throw InvalidArgumentError(
@@ -525,16 +525,22 @@ Tensor BundleReader::read_plain(const BundleEntry& e, std::string_view key) cons
                                 e.shape.to_string(), " needs ", expected,
                                 " bytes but its entry says ", e.size));
   }
-  Tensor t(e.dtype, e.shape);
-  read_bytes(e, key, t.raw_data());
-  const uint32_t crc = crc32c::value(t.raw_data(), static_cast<size_t>(e.size));
+  read_bytes(e, key, dst);
+  const uint32_t crc = crc32c::value(dst, static_cast<size_t>(e.size));
   if (crc != crc32c::unmask(e.masked_crc32c)) {
     throw DataLossError(str_cat("checkpoint data file ", path, ": tensor '", key, "' (bytes [",
                                 e.offset, ", ", e.offset + e.size, ")) fails its CRC32C check (",
                                 hex32(crc), ", index says ", hex32(crc32c::unmask(e.masked_crc32c)),
                                 "): the checkpoint is corrupt"));
   }
-  if (big_endian_ && elem > 1) byte_swap(t.raw_data(), elem, static_cast<size_t>(t.num_elements()));
+  if (big_endian_ && elem > 1) {
+    byte_swap(dst, elem, static_cast<size_t>(e.shape.num_elements()));
+  }
+}
+
+Tensor BundleReader::read_plain(const BundleEntry& e, std::string_view key) const {
+  Tensor t(e.dtype, e.shape);
+  read_plain_into(e, key, t.raw_data());
   return t;
 }
 

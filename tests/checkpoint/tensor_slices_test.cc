@@ -135,6 +135,33 @@ TEST_F(SliceTest, ShardedBundleReadsAcrossShards) {
   EXPECT_EQ(r.read("step").data<int64_t>()[0], 42);
 }
 
+// TensorFlow may partition along any dimension: column slices are not one contiguous run of the
+// full tensor, so they are copied into place; row slices are read straight into it. Both give
+// the full tensor, alone and mixed in one read.
+TEST_F(SliceTest, ColumnSlicesAssembleLikeRowSlices) {
+  const Tensor full = matrix(4, 5);
+  auto columns = [&](int64_t c0, int64_t c1) {
+    Tensor t(DType::kFloat32, Shape{4, c1 - c0});
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t c = c0; c < c1; ++c) t.data<float>()[r * (c1 - c0) + c - c0] = r * 100 + c;
+    return t;
+  };
+  {
+    BundleWriter w(path("cols"));
+    TensorSlice left, right;
+    left.extents = {{0, -1}, {0, 2}};
+    right.extents = {{0, -1}, {2, 3}};
+    w.add_slice("w", Shape{4, 5}, left, columns(0, 2));
+    w.add_slice("w", Shape{4, 5}, right, columns(2, 5));
+    w.finish();
+  }
+  BundleReader r(path("cols"));
+  EXPECT_TRUE(same_bytes(r.read("w"), full));
+  for (int64_t b = 0; b <= 4; ++b)
+    for (int64_t e = b; e <= 4; ++e)
+      EXPECT_TRUE(same_bytes(r.read_rows("w", b, e), matrix(e - b, 5, b)));
+}
+
 TEST_F(SliceTest, MergeBundlesUnitesSlicesOfOneTensor) {
   for (int k = 0; k < 2; ++k) {
     BundleWriter w(path("part" + std::to_string(k)));

@@ -210,6 +210,8 @@ class BundleReader {
   bool protected_ = false;  // every file was held (a shared flock) before it was read
   void read_bytes(const BundleEntry& e, std::string_view key, void* dst) const;
   Tensor read_plain(const BundleEntry& e, std::string_view key) const;
+  // read_plain into `dst`, which holds e.size bytes: read, CRC-checked, byte-swapped if needed.
+  void read_plain_into(const BundleEntry& e, std::string_view key, void* dst) const;
   // Copies the part of `key` inside `box` (a TensorSlice of the full tensor) into `out`.
   void read_region(std::string_view key, const BundleEntry& full, const TensorSlice& box,
                    Tensor& out) const;

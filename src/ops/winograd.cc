@@ -57,12 +57,19 @@ namespace {
 constexpr int64_t kAlpha = 6;             // input tile side
 constexpr int64_t kTile = 4;              // output tile side
 constexpr int64_t kXi = kAlpha * kAlpha;  // transformed positions
-constexpr int64_t kChunk = 36;            // tiles per forward work item (shape-only)
+constexpr int64_t kChunk = 18;            // tiles per forward work item (shape-only)
 
 using v8 = float __attribute__((vector_size(32)));
 
-inline void load8(v8* v, const float* p) { std::memcpy(v, p, sizeof(v8)); }
-inline void store8(float* p, const v8* v) { std::memcpy(p, v, sizeof(v8)); }
+// The distance between two transformed positions' planes of `tiles` x `channels` floats: one
+// cache line more than the plane, so that a tile's 36 values do not fall into the same few L1
+// sets (with 36 tiles x 64 channels the planes are 9 KiB apart, and 36 loads hit 4 of 64 sets).
+inline int64_t plane_stride(int64_t tiles, int64_t channels) { return tiles * channels + 16; }
+
+// Unaligned 8-float accesses (a memcpy of a v8 compiled to pairs of 16-byte integer moves).
+using v8u = float __attribute__((vector_size(32), aligned(4), may_alias));
+inline void load8(v8* v, const float* p) { *v = *reinterpret_cast<const v8u*>(p); }
+inline void store8(float* p, const v8* v) { *reinterpret_cast<v8u*>(p) = *v; }
 
 // Bᵀ on six values d[0], d[s], ..., d[5s] → out[0], out[t], ..., out[5t].
 inline void bt6(const v8* d, int64_t s, v8* out, int64_t t) {
@@ -233,57 +240,113 @@ void transform_kernel(const float* w, int64_t c_count, int64_t o_count, bool fli
 // C [m, n] = op(A) [m, k] · B [k, n] with A's element (r, kk) at a[r·ars + kk·aks] (a plain
 // matrix or its transpose), n a multiple of 8; each element sums over kk in order.
 #if defined(__AVX2__) && defined(__FMA__)
-template <int R, int NV>
+// Named accumulators (an array of __m256 made GCC 12 store every accumulator to the stack on
+// every step of the k loop).
+// With ACC the sums continue from C's values (k split into blocks gives the same bits).
+template <int R, int NV, bool ACC>
 void kernel_block(int64_t k, const float* a, int64_t ars, int64_t aks, const float* b, int64_t ldb,
                   float* c, int64_t ldc) {
-  __m256 acc[R][NV];
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+  __m256 c0a = _mm256_setzero_ps(), c0b = c0a, c1a = c0a, c1b = c0a, c2a = c0a, c2b = c0a;
+  __m256 c3a = c0a, c3b = c0a, c4a = c0a, c4b = c0a, c5a = c0a, c5b = c0a;
+  if constexpr (ACC) {
+#define DTRAIN_WINOGRAD_LOAD(r)                                       \
+  if constexpr (R > r) {                                              \
+    c##r##a = _mm256_loadu_ps(c + r * ldc);                           \
+    if constexpr (NV > 1) c##r##b = _mm256_loadu_ps(c + r * ldc + 8); \
+  }
+    DTRAIN_WINOGRAD_LOAD(0)
+    DTRAIN_WINOGRAD_LOAD(1)
+    DTRAIN_WINOGRAD_LOAD(2)
+    DTRAIN_WINOGRAD_LOAD(3)
+    DTRAIN_WINOGRAD_LOAD(4)
+    DTRAIN_WINOGRAD_LOAD(5)
+#undef DTRAIN_WINOGRAD_LOAD
   }
   for (int64_t kk = 0; kk < k; ++kk) {
     const float* bk = b + kk * ldb;
     const float* ak = a + kk * aks;
-    __m256 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = _mm256_loadu_ps(bk + 8 * v);
-    for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_broadcast_ss(ak + r * ars);
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
-    }
+    const __m256 b0 = _mm256_loadu_ps(bk);
+    const __m256 b1 = NV > 1 ? _mm256_loadu_ps(bk + 8) : b0;
+#define DTRAIN_WINOGRAD_ROW(r)                                        \
+  if constexpr (R > r) {                                              \
+    const __m256 av = _mm256_broadcast_ss(ak + r * ars);              \
+    c##r##a = _mm256_fmadd_ps(av, b0, c##r##a);                       \
+    if constexpr (NV > 1) c##r##b = _mm256_fmadd_ps(av, b1, c##r##b); \
   }
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(c + r * ldc + 8 * v, acc[r][v]);
+    DTRAIN_WINOGRAD_ROW(0)
+    DTRAIN_WINOGRAD_ROW(1)
+    DTRAIN_WINOGRAD_ROW(2)
+    DTRAIN_WINOGRAD_ROW(3)
+    DTRAIN_WINOGRAD_ROW(4)
+    DTRAIN_WINOGRAD_ROW(5)
+#undef DTRAIN_WINOGRAD_ROW
   }
+#define DTRAIN_WINOGRAD_STORE(r)                                      \
+  if constexpr (R > r) {                                              \
+    _mm256_storeu_ps(c + r * ldc, c##r##a);                           \
+    if constexpr (NV > 1) _mm256_storeu_ps(c + r * ldc + 8, c##r##b); \
+  }
+  DTRAIN_WINOGRAD_STORE(0)
+  DTRAIN_WINOGRAD_STORE(1)
+  DTRAIN_WINOGRAD_STORE(2)
+  DTRAIN_WINOGRAD_STORE(3)
+  DTRAIN_WINOGRAD_STORE(4)
+  DTRAIN_WINOGRAD_STORE(5)
+#undef DTRAIN_WINOGRAD_STORE
 }
 
-template <int NV>
+template <int NV, bool ACC>
 void kernel_rows(int rows, int64_t k, const float* a, int64_t ars, int64_t aks, const float* b,
                  int64_t ldb, float* c, int64_t ldc) {
   switch (rows) {
     case 6:
-      return kernel_block<6, NV>(k, a, ars, aks, b, ldb, c, ldc);
+      return kernel_block<6, NV, ACC>(k, a, ars, aks, b, ldb, c, ldc);
     case 5:
-      return kernel_block<5, NV>(k, a, ars, aks, b, ldb, c, ldc);
+      return kernel_block<5, NV, ACC>(k, a, ars, aks, b, ldb, c, ldc);
     case 4:
-      return kernel_block<4, NV>(k, a, ars, aks, b, ldb, c, ldc);
+      return kernel_block<4, NV, ACC>(k, a, ars, aks, b, ldb, c, ldc);
     case 3:
-      return kernel_block<3, NV>(k, a, ars, aks, b, ldb, c, ldc);
+      return kernel_block<3, NV, ACC>(k, a, ars, aks, b, ldb, c, ldc);
     case 2:
-      return kernel_block<2, NV>(k, a, ars, aks, b, ldb, c, ldc);
+      return kernel_block<2, NV, ACC>(k, a, ars, aks, b, ldb, c, ldc);
     default:
-      return kernel_block<1, NV>(k, a, ars, aks, b, ldb, c, ldc);
+      return kernel_block<1, NV, ACC>(k, a, ars, aks, b, ldb, c, ldc);
+  }
+}
+
+template <bool ACC>
+void gemm_pass(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t aks,
+               const float* b, int64_t ldb, float* c, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    for (int64_t i0 = 0; i0 < m; i0 += 6) {
+      const int rows = static_cast<int>(std::min<int64_t>(6, m - i0));
+      if (n - j0 >= 16) {
+        kernel_rows<2, ACC>(rows, k, a + i0 * ars, ars, aks, b + j0, ldb, c + i0 * ldc + j0, ldc);
+      } else {
+        kernel_rows<1, ACC>(rows, k, a + i0 * ars, ars, aks, b + j0, ldb, c + i0 * ldc + j0, ldc);
+      }
+    }
   }
 }
 
 void small_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t aks,
                 const float* b, int64_t ldb, float* c, int64_t ldc) {
-  for (int64_t j0 = 0; j0 < n; j0 += 16) {
-    for (int64_t i0 = 0; i0 < m; i0 += 6) {
-      const int rows = static_cast<int>(std::min<int64_t>(6, m - i0));
-      if (n - j0 >= 16) {
-        kernel_rows<2>(rows, k, a + i0 * ars, ars, aks, b + j0, ldb, c + i0 * ldc + j0, ldc);
-      } else {
-        kernel_rows<1>(rows, k, a + i0 * ars, ars, aks, b + j0, ldb, c + i0 * ldc + j0, ldc);
-      }
+  gemm_pass<false>(m, n, k, a, ars, aks, b, ldb, c, ldc);
+}
+
+// The same product for a long k (backward-weights: k = tiles), in blocks of k whose slices of A
+// and B stay in L1 while every register tile of C passes over them.
+// With `accumulate` the sums continue from C's values: splitting k between calls gives the same
+// bits as one call.
+void small_gemm_blocked_k(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t aks,
+                          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
+    const int64_t kb = std::min(kBlock, k - k0);
+    if (k0 == 0 && !accumulate) {
+      gemm_pass<false>(m, n, kb, a, ars, aks, b, ldb, c, ldc);
+    } else {
+      gemm_pass<true>(m, n, kb, a + k0 * aks, ars, aks, b + k0 * ldb, ldb, c, ldc);
     }
   }
 }
@@ -293,6 +356,19 @@ void small_gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, in
   for (int64_t i = 0; i < m; ++i) {
     float* ci = c + i * ldc;
     std::fill_n(ci, n, 0.0f);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float av = a[i * ars + kk * aks];
+      const float* bk = b + kk * ldb;
+      for (int64_t j = 0; j < n; ++j) ci[j] += av * bk[j];
+    }
+  }
+}
+
+void small_gemm_blocked_k(int64_t m, int64_t n, int64_t k, const float* a, int64_t ars, int64_t aks,
+                          const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    if (!accumulate) std::fill_n(ci, n, 0.0f);
     for (int64_t kk = 0; kk < k; ++kk) {
       const float av = a[i * ars + kk * aks];
       const float* bk = b + kk * ldb;
@@ -310,17 +386,17 @@ void forward_transformed(const WinogradConv& g, const float* x, const float* u, 
   const int64_t plane = g.c * g.o;
   // Chunks of tiles are independent (each output element belongs to one tile).
   parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
-    float* v = buffer(0, kXi * kChunk * g.c);
-    float* m = buffer(1, kXi * kChunk * g.o);
+    const int64_t sv = plane_stride(kChunk, g.c), sm = plane_stride(kChunk, g.o);
+    float* v = buffer(0, kXi * sv);
+    float* m = buffer(1, kXi * sm);
     for (int64_t ch = begin; ch < end; ++ch) {
       const int64_t t0 = ch * kChunk, nt = std::min(kChunk, tl.total - t0);
-      for (int64_t t = 0; t < nt; ++t) input_tile(g, tl, x, t0 + t, v + t * g.c, kChunk * g.c);
+      for (int64_t t = 0; t < nt; ++t) input_tile(g, tl, x, t0 + t, v + t * g.c, sv);
       for (int64_t xi = 0; xi < kXi; ++xi) {
-        small_gemm(nt, g.o, g.c, v + xi * kChunk * g.c, g.c, 1, u + xi * plane, g.o,
-                   m + xi * kChunk * g.o, g.o);
+        small_gemm(nt, g.o, g.c, v + xi * sv, g.c, 1, u + xi * plane, g.o, m + xi * sm, g.o);
       }
       for (int64_t t = 0; t < nt; ++t) {
-        output_tile(g, tl, m + t * g.o, kChunk * g.o, bias, t0 + t, y);
+        output_tile(g, tl, m + t * g.o, sm, bias, t0 + t, y);
       }
     }
   });
@@ -363,34 +439,32 @@ void winograd_conv2d_backward_filter(const WinogradConv& g, const float* x, cons
                                      float* dw) {
   const Tiling tl = tiling(g);
   const int64_t plane = g.c * g.o;
-  // Tiles per pass: the transformed input and gradient of a pass stay under ~32 MiB. A multiple
-  // of kChunk that depends on the shape only, so the sums run in the same order for any thread
-  // count.
-  const int64_t fit = (int64_t{8} << 20) / (kXi * (g.c + g.o));
+  // Tiles per pass: a pass's transformed input and gradient (36 positions each) stay within
+  // ~512 KiB, an L2 cache, so that the products read them from there (with all 576 tiles of the
+  // CNN's conv2 in one pass, 8 MiB, writing and reading them back cost as much as the products).
+  // A multiple of kChunk that depends on the shape only; the passes continue each position's
+  // sums in tile order, so the bits depend on neither the pass size nor the thread count.
+  const int64_t fit = (int64_t{128} << 10) / (kXi * (g.c + g.o));
   const int64_t pass = std::max<int64_t>(kChunk, fit / kChunk * kChunk);
   const int64_t span = std::min(pass, (tl.total + kChunk - 1) / kChunk * kChunk);
-  float* v = buffer(0, kXi * span * g.c);
-  float* dm = buffer(1, kXi * span * g.o);
-  float* du = buffer(2, 2 * kXi * plane);  // the sum so far, and this pass's product
-  float* part = du + kXi * plane;
+  const int64_t sv = plane_stride(span, g.c), sm = plane_stride(span, g.o);
+  float* v = buffer(0, kXi * sv);
+  float* dm = buffer(1, kXi * sm);
+  float* du = buffer(2, kXi * plane);
   for (int64_t t0 = 0; t0 < tl.total; t0 += span) {
     const int64_t nt = std::min(span, tl.total - t0);
     const int64_t chunks = (nt + kChunk - 1) / kChunk;
     parallel_for(chunks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin * kChunk; t < std::min(end * kChunk, nt); ++t) {
-        input_tile(g, tl, x, t0 + t, v + t * g.c, span * g.c);
-        output_grad_tile(g, tl, dy, t0 + t, dm + t * g.o, span * g.o);
+        input_tile(g, tl, x, t0 + t, v + t * g.c, sv);
+        output_grad_tile(g, tl, dy, t0 + t, dm + t * g.o, sm);
       }
     });
-    // Each position's product sums over this pass's tiles in order: split the positions.
-    float* target = t0 == 0 ? du : part;
+    // Each position's product sums over the tiles in order: split the positions.
     parallel_for(kXi, 1, [&](int64_t begin, int64_t end) {
       for (int64_t xi = begin; xi < end; ++xi) {
-        small_gemm(g.c, g.o, nt, v + xi * span * g.c, 1, g.c, dm + xi * span * g.o, g.o,
-                   target + xi * plane, g.o);
-        if (t0 > 0) {
-          for (int64_t i = 0; i < plane; ++i) du[xi * plane + i] += part[xi * plane + i];
-        }
+        small_gemm_blocked_k(g.c, g.o, nt, v + xi * sv, 1, g.c, dm + xi * sm, g.o, du + xi * plane,
+                             g.o, t0 > 0);
       }
     });
   }

@@ -196,9 +196,9 @@ TEST_F(WinogradTest, BitwiseIndependentOfTheThreadCount) {
   }
 }
 
-// A batch large enough that backward-weights takes two passes over its 8,192 tiles (a pass holds
-// ~32 MiB of transformed data: 7,272 tiles at 16 + 16 channels): the passes' sums add up (a
-// dropped pass gives an error of order 1).
+// A long reduction: backward-weights sums over 8,192 tiles in 76 passes (a pass holds ~512 KiB
+// of transformed data: 108 tiles at 16 + 16 channels); the passes' sums add up (a dropped pass
+// gives an error of order 1e-2, a dropped tile's contribution ~1e-3).
 TEST_F(WinogradTest, BackwardWeightsOverSeveralPasses) {
   const Shape xs{128, 30, 30, 16}, ws{3, 3, 16, 16};
   const Conv2DAttrs a{.padding = Padding::kSame};
@@ -209,8 +209,8 @@ TEST_F(WinogradTest, BackwardWeightsOverSeveralPasses) {
   const Tensor direct = conv2d_backward_filter(x, dy, ws, a);
   const Reference r = reference(x, w, dy, a.padding);
   const double e = relative_error(wg, r.dw), ed = relative_error(direct, r.dw);
-  std::printf("backward weights, 128x30x30x16: max relative error winograd %.2e, direct %.2e\n",
-              e, ed);
+  std::printf("backward weights, 128x30x30x16: max relative error winograd %.2e, direct %.2e\n", e,
+              ed);
   // Over 8,192 tiles (57,600 products per weight) the float sums' own rounding grows for every
   // kernel (the direct one's error is printed beside): the bound follows it.
   EXPECT_LT(e, std::max(kTolerance, 4.0 * ed));

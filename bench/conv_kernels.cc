@@ -5,7 +5,8 @@
 // best case), dtrain's default backend (ops::ConvBackend::kOnednn) as dtrain_fast, and its
 // default algorithm choice (Winograd F(4x4, 3x3) for conv2, ops::ConvAlgo::kAuto) as dtrain_auto.
 // Forward, backward-data and backward-weights: thread CPU time per call, best of `rounds` rounds
-// of `reps` calls. Run with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: bench_conv_kernels [reps] [rounds]
+// of `reps` calls. Run with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1:
+//   bench_conv_kernels [reps] [rounds]
 #include <time.h>
 
 #include <algorithm>

@@ -2,9 +2,11 @@
 // 64, one thread, timed side by side in one process: dtrain's im2col + OpenBLAS kernels
 // (ops/convolution.h) against oneDNN 2.x (libdnnl-dev) primitives on the same NHWC/HWIO
 // layouts, and on oneDNN's own blocked layouts (format_tag::any, reorders not counted: its
-// best case), and dtrain's default backend (ops::ConvBackend::kOnednn) as dtrain_fast. Forward,
-// backward-data and backward-weights: thread CPU time per call, best of `rounds` rounds of `reps`
-// calls. Run with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1: bench_conv_kernels [reps] [rounds]
+// best case), dtrain's default backend (ops::ConvBackend::kOnednn) as dtrain_fast, and its
+// default algorithm choice (Winograd F(4x4, 3x3) for conv2, ops::ConvAlgo::kAuto) as dtrain_auto.
+// Forward, backward-data and backward-weights: thread CPU time per call, best of `rounds` rounds
+// of `reps` calls. Run with OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1:
+//   bench_conv_kernels [reps] [rounds]
 #include <time.h>
 
 #include <algorithm>
@@ -128,9 +130,12 @@ void run(const Layer& l, bool any_layout, int reps, int rounds) {
               l.name, any_layout ? "blocked" : "nhwc", f_ms, d_ms, w_ms);
 }
 
-// dtrain's kernels on `backend` (ops::set_conv_backend: the same calls autograd makes).
-void run_dtrain(const Layer& l, ops::ConvBackend backend, int reps, int rounds) {
+// dtrain's kernels on `backend` (ops::set_conv_backend: the same calls autograd makes), with the
+// direct algorithm or Winograd where it applies (ops::set_conv_algo; conv2 only).
+void run_dtrain(const Layer& l, ops::ConvBackend backend, int reps, int rounds,
+                ops::ConvAlgo algo = ops::ConvAlgo::kDirect) {
   ops::set_conv_backend(backend);
+  ops::set_conv_algo(algo);
   const Tensor x = random_tensor(Shape{l.n, l.h, l.w, l.c}, 1);
   const Tensor w = random_tensor(Shape{l.k, l.k, l.c, l.o}, 2);
   const Tensor b = random_tensor(Shape{l.o}, 3);
@@ -141,8 +146,11 @@ void run_dtrain(const Layer& l, ops::ConvBackend backend, int reps, int rounds) 
       best_ms([&] { (void)ops::conv2d_backward_input(dy, w, x.shape(), a); }, reps, rounds);
   const double w_ms =
       best_ms([&] { (void)ops::conv2d_backward_filter(x, dy, w.shape(), a); }, reps, rounds);
+  const char* name = algo == ops::ConvAlgo::kAuto           ? "auto"
+                     : backend == ops::ConvBackend::kIm2col ? "im2col"
+                                                            : "fast";
   std::printf("%s dtrain_%s forward_ms %.3f backward_data_ms %.3f backward_weights_ms %.3f\n",
-              l.name, backend == ops::ConvBackend::kIm2col ? "im2col" : "fast", f_ms, d_ms, w_ms);
+              l.name, name, f_ms, d_ms, w_ms);
 }
 
 }  // namespace
@@ -156,8 +164,10 @@ int main(int argc, char** argv) {
   for (const Layer& l : layers) {
     run_dtrain(l, ops::ConvBackend::kIm2col, reps, rounds);
     run_dtrain(l, ops::ConvBackend::kOnednn, reps, rounds);
+    run_dtrain(l, ops::ConvBackend::kOnednn, reps, rounds, ops::ConvAlgo::kAuto);
     run(l, false, reps, rounds);
     run(l, true, reps, rounds);
+    run_dtrain(l, ops::ConvBackend::kOnednn, reps, rounds, ops::ConvAlgo::kAuto);
     run_dtrain(l, ops::ConvBackend::kOnednn, reps, rounds);
     run_dtrain(l, ops::ConvBackend::kIm2col, reps, rounds);
   }

@@ -351,16 +351,23 @@ void relu_general_backward(const float* x, float* dz, int64_t n, float max_value
 void relu_backward_column_sum(const float* y, float* dz, int64_t rows, int64_t cols, float* sum) {
   // Split over columns: each thread masks its columns of every row and sums them over the rows
   // in order, the single-thread order.
+  // The sums run in a local block of 64 columns: into sum[] itself (which may alias dz for the
+  // compiler) every row stored and reloaded each sum, unvectorized.
   parallel_for(cols, std::max<int64_t>(16, grain_for(2 * rows)), [&](int64_t c0, int64_t c1) {
-    std::fill(sum + c0, sum + c1, 0.0f);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* yr = y + r * cols;
-      float* dr = dz + r * cols;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float v = yr[c] > 0.0f ? dr[c] : 0.0f;
-        dr[c] = v;
-        sum[c] += v;
+    constexpr int64_t kBlock = 64;
+    for (int64_t b0 = c0; b0 < c1; b0 += kBlock) {
+      const int64_t width = std::min(kBlock, c1 - b0);
+      float acc[kBlock] = {};
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* yr = y + r * cols + b0;
+        float* dr = dz + r * cols + b0;
+        for (int64_t c = 0; c < width; ++c) {
+          const float v = yr[c] > 0.0f ? dr[c] : 0.0f;
+          dr[c] = v;
+          acc[c] += v;
+        }
       }
+      std::copy_n(acc, width, sum + b0);
     }
   });
 }

@@ -12,6 +12,7 @@
 #include "convolution_onednn.h"
 #include "dtrain/core/error.h"
 #include "dtrain/ops/gemm.h"
+#include "winograd.h"
 
 namespace dtrain::ops {
 
@@ -201,6 +202,23 @@ bool onednn_view(const Geometry& g, detail::OnednnConv* d) {
   return true;
 }
 
+// The Winograd kernels' view of g, or false where they do not take it (winograd.h).
+bool winograd_view(const Geometry& g, detail::WinogradConv* d) {
+  if (g.kh != 3 || g.kw != 3 || g.sh != 1 || g.sw != 1 || g.dh != 1 || g.dw != 1 || g.groups != 1) {
+    return false;
+  }
+  *d = detail::WinogradConv{.n = g.n,
+                            .h = g.h,
+                            .w = g.w,
+                            .c = g.c,
+                            .oh = g.oh,
+                            .ow = g.ow,
+                            .o = g.o,
+                            .pt = g.pt,
+                            .pl = g.pl};
+  return detail::winograd_applies(*d);
+}
+
 void check_float(const Tensor& t, const char* op, const char* what) {
   DTRAIN_CHECK(t.defined() && t.dtype() == DType::kFloat32, op, ": ", what,
                " must be a float32 tensor");
@@ -220,6 +238,12 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2D
     check_float(bias, op, "bias");
     DTRAIN_CHECK(bias.num_elements() == g.o, op, ": bias ", bias.shape().to_string(),
                  " does not match ", g.o, " filters");
+  }
+  detail::WinogradConv wg;
+  if (winograd_view(g, &wg)) {
+    detail::winograd_conv2d(wg, x.data<float>(), w.data<float>(),
+                            bias.defined() ? bias.data<float>() : nullptr, py);
+    return y;
   }
   detail::OnednnConv d;
   if (onednn_view(g, &d)) {
@@ -263,6 +287,13 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_s
   DTRAIN_CHECK(dy.shape() == (Shape{g.n, g.oh, g.ow, g.o}), op, ": gradient ",
                dy.shape().to_string(), " does not match the output [", g.n, ", ", g.oh, ", ", g.ow,
                ", ", g.o, "]");
+  detail::WinogradConv wg;
+  if (winograd_view(g, &wg)) {
+    Tensor out(x_shape);
+    detail::winograd_conv2d_backward_input(wg, dy.data<float>(), w.data<float>(),
+                                           out.data<float>());
+    return out;
+  }
   detail::OnednnConv d;
   if (onednn_view(g, &d)) {
     Tensor out(x_shape);
@@ -310,6 +341,11 @@ Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_
                ", ", g.o, "]");
   Tensor dw(w_shape);
   float* pdw = dw.data<float>();
+  detail::WinogradConv wg;
+  if (winograd_view(g, &wg)) {
+    detail::winograd_conv2d_backward_filter(wg, x.data<float>(), dy.data<float>(), pdw);
+    return dw;
+  }
   detail::OnednnConv d;
   if (onednn_view(g, &d)) {
     if (detail::onednn_conv2d_backward_filter(d, x.data<float>(), dy.data<float>(), pdw)) {

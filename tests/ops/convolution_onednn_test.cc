@@ -62,9 +62,13 @@ void expect_close(const Tensor& got, const Tensor& want, const char* what, size_
   }
 }
 
+// The direct kernels only: Winograd (conv_algo) would take the 3x3 shapes with whole 8-float
+// channel blocks (tests/ops/winograd_test.cc).
 class ConvBackendTest : public ::testing::Test {
  protected:
+  void SetUp() override { set_conv_algo(ConvAlgo::kDirect); }
   void TearDown() override {
+    set_conv_algo(ConvAlgo::kAuto);
     set_conv_backend(ConvBackend::kOnednn);
     set_num_threads(1);
   }

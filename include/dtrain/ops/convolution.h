@@ -65,6 +65,18 @@ ConvBackend conv_backend();
 // and benchmarks).
 int64_t fast_conv_calls();
 
+// The convolution algorithm: kAuto (the default) runs 3x3, stride-1, undilated, ungrouped
+// convolutions whose channel counts are multiples of 8 and at least 16 (both ways) through
+// Winograd F(4x4, 3x3) in all three directions, and everything else directly (the backend above);
+// kDirect never uses Winograd. Initially from DTRAIN_CONV_ALGO ("auto", "winograd" or "direct";
+// another value throws InvalidArgumentError); process-wide. Winograd differs from the direct
+// convolution by rounding only (docs/decisions.md).
+enum class ConvAlgo { kAuto, kDirect };
+void set_conv_algo(ConvAlgo a);
+ConvAlgo conv_algo();
+// How many convolution calls the Winograd kernels have taken in this process.
+int64_t winograd_conv_calls();
+
 // Moves the channel axis: [n, c, d1, ...] → [n, d1, ..., c] and back (rank ≥ 3).
 Tensor to_channels_last(const Tensor& x);
 Tensor to_channels_first(const Tensor& x);

@@ -59,10 +59,11 @@ class ReplicatedStep final : public TrainStep {
     // Preemption flag and non-finite-loss count, reduced with the gradients (one bucket), so
     // every worker learns at this step whether any of them must stop or skip.
     flags_ = Tensor(Shape{2});
-    // Moving statistics (BatchNormalization) ride the same all-reduce as the flags.
+    // Moving statistics (BatchNormalization) ride the same all-reduce as the flags (not under
+    // logical replicas: StateUpdates::gather sums them in logical order).
     state_updates_.begin(model_, st_);
     extra_ = {flags_};
-    if (!state_updates_.empty()) extra_.push_back(state_updates_.buffer());
+    if (state_updates_.needs_all_reduce()) extra_.push_back(state_updates_.buffer());
     update_ = [this](int r, int parts) { s_.optimizer->update_part(out_, trainable_, r, parts); };
     sharded_ = st_.make_sharded_update(trainable_, extra_, *s_.optimizer);
     if (sharded_) {

@@ -3,6 +3,7 @@
 #include "dtrain/distribute/replica_all_reduce.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "dtrain/core/error.h"
 
@@ -13,6 +14,67 @@ ReplicaAllReduce::ReplicaAllReduce(Strategy& strategy, std::chrono::milliseconds
       timeout_(timeout),
       slots_(static_cast<size_t>(strategy.num_local_replicas())) {}
 
+namespace {
+
+template <class T>
+void gather_rows(Strategy& st, const Tensor& local, Tensor& out, Tensor& send, Tensor& recv) {
+  const int64_t workers = st.num_workers();
+  const int64_t replicas = st.num_replicas_in_sync();
+  const int64_t n = local.dim(1);
+  const int64_t block = (replicas + workers - 1) / workers;  // the most any worker holds
+  const int64_t record = 2 + block * n;
+  if (send.num_elements() != record || send.dtype() != local.dtype()) {
+    send = Tensor(local.dtype(), Shape{record});
+    recv = Tensor(local.dtype(), Shape{workers, record});
+  }
+  T* s = send.data<T>();
+  s[0] = static_cast<T>(st.replica_id(0));
+  s[1] = static_cast<T>(local.dim(0));
+  const T* l = local.data<T>();
+  std::copy(l, l + local.num_elements(), s + 2);
+  std::fill(s + 2 + local.num_elements(), s + record, T(0));
+  st.all_gather_across_workers(send, recv);
+  const T* r = recv.data<T>();
+  T* o = out.data<T>();
+  int64_t covered = 0;
+  for (int64_t w = 0; w < workers; ++w) {
+    const T* rec = r + w * record;
+    const auto first = static_cast<int64_t>(rec[0]);
+    const auto count = static_cast<int64_t>(rec[1]);
+    DTRAIN_INTERNAL_CHECK(first >= 0 && count >= 0 && count <= block && first + count <= replicas,
+                          "ReplicaGather: worker ", w, " sent replicas [", first, ", ",
+                          first + count, ") of ", replicas);
+    std::copy(rec + 2, rec + 2 + count * n, o + first * n);
+    covered += count;
+  }
+  DTRAIN_INTERNAL_CHECK(covered == replicas, "ReplicaGather: the workers sent ", covered,
+                        " replicas' rows, not ", replicas);
+}
+
+}  // namespace
+
+void ReplicaGather::gather(const Tensor& local, Tensor& out) {
+  const int64_t replicas = st_.num_replicas_in_sync();
+  const bool is_float = local.dtype() == DType::kFloat32 || local.dtype() == DType::kFloat64;
+  if (!is_float || local.rank() != 2 || local.dim(0) != st_.num_local_replicas() ||
+      out.dtype() != local.dtype() || out.rank() != 2 || out.dim(0) != replicas ||
+      out.dim(1) != local.dim(1)) {
+    throw InvalidArgumentError(str_cat("ReplicaGather: ", local.to_string(0), " (one row per ",
+                                       st_.num_local_replicas(), " local replicas) into ",
+                                       out.to_string(0), " (one row per ", replicas,
+                                       " replicas in sync, float32 or float64)"));
+  }
+  if (st_.num_workers() == 1) {
+    out.copy_from(local);
+    return;
+  }
+  if (local.dtype() == DType::kFloat32) {
+    gather_rows<float>(st_, local, out, send_, recv_);
+  } else {
+    gather_rows<double>(st_, local, out, send_, recv_);
+  }
+}
+
 void ReplicaAllReduce::all_reduce_sum(std::span<double> values) {
   const int n = st_.num_local_replicas();
   const int local = current_local_replica();
@@ -21,8 +83,8 @@ void ReplicaAllReduce::all_reduce_sum(std::span<double> values) {
                  " local replicas");
     if (st_.num_workers() > 1) {
       Tensor& sum = buffer(values.size());
-      std::copy(values.begin(), values.end(), sum.data<double>());
-      st_.all_reduce_across_workers(std::span<Tensor>(&sum, 1), ReduceOp::kSum);
+      slots_[0] = values;
+      sum_slots(sum);
       std::copy_n(sum.data<double>(), values.size(), values.begin());
     }
     return;
@@ -52,16 +114,9 @@ void ReplicaAllReduce::all_reduce_sum(std::span<double> values) {
                  " values");
   }
   Tensor& sum = buffer(len);
-  double* p = sum.data<double>();
-  std::copy(slots_[0].begin(), slots_[0].end(), p);
-  for (int r = 1; r < n; ++r) {
-    for (size_t i = 0; i < len; ++i) p[i] += slots_[static_cast<size_t>(r)][i];
-  }
   failed_ = false;
   try {
-    if (st_.num_workers() > 1) {
-      st_.all_reduce_across_workers(std::span<Tensor>(&sum, 1), ReduceOp::kSum);
-    }
+    sum_slots(sum);
   } catch (...) {
     failed_ = true;
     arrived_ = 0;
@@ -70,11 +125,49 @@ void ReplicaAllReduce::all_reduce_sum(std::span<double> values) {
     cv_.notify_all();
     throw;
   }
+  const double* p = sum.data<double>();
   for (auto& s : slots_) std::copy_n(p, len, s.begin());
   arrived_ = 0;
   ++generation_;
   lock.unlock();
   cv_.notify_all();
+}
+
+void ReplicaAllReduce::sum_slots(Tensor& sum) {
+  const auto len = static_cast<size_t>(sum.num_elements());
+  double* p = sum.data<double>();
+  if (st_.logical_replicas() > 0 && st_.num_workers() > 1) {
+    // Every logical replica's values, gathered, summed in logical order (the first copied): the
+    // sum one process with all L replicas makes, whatever their mapping onto workers.
+    const auto n = static_cast<int64_t>(slots_.size());
+    const int64_t replicas = st_.num_replicas_in_sync();
+    auto it =
+        std::find_if(rows_.begin(), rows_.end(), [len](const Rows& r) { return r.len == len; });
+    if (it == rows_.end()) {
+      const auto l = static_cast<int64_t>(len);
+      rows_.push_back(
+          {len, Tensor(DType::kFloat64, Shape{n, l}), Tensor(DType::kFloat64, Shape{replicas, l})});
+      it = std::prev(rows_.end());
+    }
+    if (!gather_) gather_ = std::make_unique<ReplicaGather>(st_);
+    double* mine = it->local.data<double>();
+    for (int64_t r = 0; r < n; ++r)
+      std::copy(slots_[r].begin(), slots_[r].end(), mine + r * static_cast<int64_t>(len));
+    gather_->gather(it->local, it->all);
+    const double* all = it->all.data<double>();
+    std::copy_n(all, len, p);
+    for (int64_t r = 1; r < replicas; ++r) {
+      for (size_t i = 0; i < len; ++i) p[i] += all[static_cast<size_t>(r) * len + i];
+    }
+    return;
+  }
+  std::copy(slots_[0].begin(), slots_[0].end(), p);
+  for (size_t r = 1; r < slots_.size(); ++r) {
+    for (size_t i = 0; i < len; ++i) p[i] += slots_[r][i];
+  }
+  if (st_.num_workers() > 1) {
+    st_.all_reduce_across_workers(std::span<Tensor>(&sum, 1), ReduceOp::kSum);
+  }
 }
 
 Tensor& ReplicaAllReduce::buffer(size_t n) {

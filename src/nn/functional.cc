@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "dtrain/nn/layers.h"
+#include "masking.h"
 
 namespace dtrain::nn {
 
@@ -280,6 +281,7 @@ std::vector<Tensor> Functional::call_list(std::span<const Tensor> inputs, bool t
   std::vector<Tensor> result;
   result.reserve(outputs_.size());
   for (size_t s : output_slots_) result.push_back(values[s]);
+  if (output_slots_.size() == 1) detail::report_output_mask(this, masks[output_slots_[0]]);
   return result;
 }
 

@@ -83,13 +83,60 @@ std::string Loss::config_json() const {
   return j.dump();
 }
 
+Tensor Loss::per_sample(const Tensor& /*y_true*/, const Tensor& /*y_pred*/) const {
+  throw UnimplementedError(str_cat(name(), ": this loss has no per-sample losses, so it cannot ",
+                                   "weight by the output's mask"));
+}
+
+Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor& mask) const {
+  if (!mask.defined()) return (*this)(y_true, y_pred);
+  const Tensor values = per_sample(y_true, y_pred);
+  if (mask.shape() != values.shape()) {
+    throw InvalidArgumentError(
+        str_cat(name(), ": the output's mask must have the per-sample losses' shape ",
+                values.shape().to_string(), " (y_pred ", y_pred.shape().to_string(),
+                " without its last axis), got ", mask.shape().to_string()));
+  }
+  DTRAIN_CHECK(mask.dtype() != DType::kString && mask.dtype() != DType::kInvalid, name(),
+               ": the output's mask must be numeric, got ", dtype_name(mask.dtype()));
+  // Keras 3's apply_mask: the mask (0/1) times divide_no_nan(total, valid), in float32, as a
+  // constant sample weight; then the mean over all `total` weighted values.
+  const int64_t n = values.num_elements();
+  Tensor weights(values.shape());
+  float* w = weights.data<float>();
+  float valid = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = ops::value_at(mask, i) != 0.0 ? 1.0f : 0.0f;
+    valid += w[i];
+  }
+  const float factor = valid == 0.0f ? 0.0f : static_cast<float>(n) / valid;
+  for (int64_t i = 0; i < n; ++i) w[i] *= factor;
+  return reduce_mean(multiply(values, weights));
+}
+
 // ---------------------------------------------------------------------------------------------
 // MeanSquaredError: mean((y_pred − y_true)²) over all elements.
 
+namespace {
+
+// (y_pred − y_true)² elementwise.
+Tensor squared_errors(const Tensor& y_true, const Tensor& y_pred, const Loss& loss) {
+  check_prediction(y_pred, loss);
+  const Tensor y = dense_labels(y_true, y_pred, loss.name());
+  return square(subtract(y_pred, y));
+}
+
+// Keras's per-sample value of an elementwise loss: the mean over the last axis.
+Tensor mean_over_last_axis(const Tensor& e) { return e.rank() >= 2 ? reduce_mean(e, -1) : e; }
+
+}  // namespace
+
 Tensor MeanSquaredError::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, *this);
-  const Tensor y = dense_labels(y_true, y_pred, name());
-  return reduce_mean(square(subtract(y_pred, y)));
+  return reduce_mean(squared_errors(y_true, y_pred, *this));
+}
+
+Tensor MeanSquaredError::per_sample(const Tensor& y_true, const Tensor& y_pred) const {
+  return mean_over_last_axis(squared_errors(y_true, y_pred, *this));
 }
 
 LossConfig MeanSquaredError::get_config() const {
@@ -99,10 +146,14 @@ LossConfig MeanSquaredError::get_config() const {
 // ---------------------------------------------------------------------------------------------
 // SparseCategoricalCrossentropy.
 
-Tensor SparseCategoricalCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, *this);
-  DTRAIN_CHECK(y_true.defined(), name(), ": y_true is undefined");
-  DTRAIN_CHECK(y_pred.rank() >= 2, name(), ": y_pred must be [batch, classes], got ",
+namespace {
+
+// One loss per row of class scores, [rows] (rows: y_pred's elements over its last axis).
+Tensor sparse_row_losses(const Tensor& y_true, const Tensor& y_pred,
+                         const SparseCategoricalCrossentropy& loss) {
+  check_prediction(y_pred, loss);
+  DTRAIN_CHECK(y_true.defined(), loss.name(), ": y_true is undefined");
+  DTRAIN_CHECK(y_pred.rank() >= 2, loss.name(), ": y_pred must be [batch, classes], got ",
                y_pred.shape().to_string());
   // y_true has y_pred's shape without the class axis, or with a class axis of 1.
   const Shape outer = drop_last(y_pred.shape());
@@ -110,20 +161,30 @@ Tensor SparseCategoricalCrossentropy::operator()(const Tensor& y_true, const Ten
   outer_one.push_back(1);
   if (y_true.shape() != outer && y_true.shape() != outer_one) {
     throw_shape_mismatch(
-        name(), y_true, y_pred,
+        loss.name(), y_true, y_pred,
         str_cat("expected labels of shape ", outer.to_string(), " or ", outer_one.to_string())
             .c_str());
   }
   const Tensor labels = stop_gradient(y_true).reshape(Shape{outer.num_elements()});
-  return with_loss_context(*this, [&] {
+  return with_loss_context(loss, [&] {
     const Tensor scores = as_rows(y_pred);
-    if (options_.from_logits) {
-      return reduce_mean(sparse_softmax_cross_entropy_with_logits(labels, scores));
+    if (loss.options().from_logits) {
+      return sparse_softmax_cross_entropy_with_logits(labels, scores);
     }
     // Keras: log of the clipped probabilities, used as logits (which renormalizes them).
     const Tensor log_p = log(clip_by_value(scores, kEpsilon, 1.0f - kEpsilon));
-    return reduce_mean(sparse_softmax_cross_entropy_with_logits(labels, log_p));
+    return sparse_softmax_cross_entropy_with_logits(labels, log_p);
   });
+}
+
+}  // namespace
+
+Tensor SparseCategoricalCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
+  return reduce_mean(sparse_row_losses(y_true, y_pred, *this));
+}
+
+Tensor SparseCategoricalCrossentropy::per_sample(const Tensor& y_true, const Tensor& y_pred) const {
+  return reshape(sparse_row_losses(y_true, y_pred, *this), drop_last(y_pred.shape()));
 }
 
 LossConfig SparseCategoricalCrossentropy::get_config() const {
@@ -141,26 +202,39 @@ CategoricalCrossentropy::CategoricalCrossentropy(CategoricalCrossentropyOptions 
   check_smoothing(options_.label_smoothing, "categorical_crossentropy");
 }
 
-Tensor CategoricalCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, *this);
-  DTRAIN_CHECK(y_true.defined(), name(), ": y_true is undefined");
+namespace {
+
+// One loss per row of class scores, [rows].
+Tensor categorical_row_losses(const Tensor& y_true, const Tensor& y_pred,
+                              const CategoricalCrossentropy& loss) {
+  check_prediction(y_pred, loss);
+  DTRAIN_CHECK(y_true.defined(), loss.name(), ": y_true is undefined");
   if (y_true.shape() != y_pred.shape()) {
-    throw_shape_mismatch(name(), y_true, y_pred, "expected the same shape [batch, classes]");
+    throw_shape_mismatch(loss.name(), y_true, y_pred, "expected the same shape [batch, classes]");
   }
   Tensor y = stop_gradient(y_true);
   if (y.dtype() != DType::kFloat32) y = ops::cast(y, DType::kFloat32);
   const float classes = static_cast<float>(y_pred.dim(-1));
   y = smooth_labels(y.reshape(Shape{y.num_elements() / y_pred.dim(-1), y_pred.dim(-1)}),
-                    options_.label_smoothing, classes);
+                    loss.options().label_smoothing, classes);
   const Tensor scores = as_rows(y_pred);
-  if (options_.from_logits) {
-    return with_loss_context(
-        *this, [&] { return reduce_mean(softmax_cross_entropy_with_logits(y, scores)); });
+  if (loss.options().from_logits) {
+    return with_loss_context(loss, [&] { return softmax_cross_entropy_with_logits(y, scores); });
   }
   // Keras: scale each row to sum 1, clip, −Σ y log p.
   Tensor p = divide(scores, reduce_sum(scores, -1, /*keepdims=*/true));
   p = clip_by_value(p, kEpsilon, 1.0f - kEpsilon);
-  return negative(reduce_mean(reduce_sum(multiply(y, log(p)), -1)));
+  return negative(reduce_sum(multiply(y, log(p)), -1));
+}
+
+}  // namespace
+
+Tensor CategoricalCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
+  return reduce_mean(categorical_row_losses(y_true, y_pred, *this));
+}
+
+Tensor CategoricalCrossentropy::per_sample(const Tensor& y_true, const Tensor& y_pred) const {
+  return reshape(categorical_row_losses(y_true, y_pred, *this), drop_last(y_pred.shape()));
 }
 
 LossConfig CategoricalCrossentropy::get_config() const {
@@ -178,17 +252,31 @@ BinaryCrossentropy::BinaryCrossentropy(BinaryCrossentropyOptions options) : opti
   check_smoothing(options_.label_smoothing, "binary_crossentropy");
 }
 
-Tensor BinaryCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
-  check_prediction(y_pred, *this);
-  const Tensor y =
-      smooth_labels(dense_labels(y_true, y_pred, name()), options_.label_smoothing, 2.0f);
-  if (options_.from_logits) return reduce_mean(sigmoid_cross_entropy_with_logits(y, y_pred));
+namespace {
+
+// The elementwise binary crossentropy, y_pred's shape.
+Tensor binary_elementwise(const Tensor& y_true, const Tensor& y_pred,
+                          const BinaryCrossentropy& loss) {
+  check_prediction(y_pred, loss);
+  const Tensor y = smooth_labels(dense_labels(y_true, y_pred, loss.name()),
+                                 loss.options().label_smoothing, 2.0f);
+  if (loss.options().from_logits) return sigmoid_cross_entropy_with_logits(y, y_pred);
   // Keras: clip, then −(y log(p + ε) + (1 − y) log(1 − p + ε)), each step rounded as TF does.
   const Tensor p = clip_by_value(y_pred, kEpsilon, 1.0f - kEpsilon);
   const Tensor log_p = log(scale(p, 1.0f, kEpsilon));
   const Tensor log_not_p = log(scale(scale(p, -1.0f, 1.0f), 1.0f, kEpsilon));
   const Tensor not_y = ops::affine(y, -1.0f, 1.0f);
-  return negative(reduce_mean(add(multiply(y, log_p), multiply(not_y, log_not_p))));
+  return negative(add(multiply(y, log_p), multiply(not_y, log_not_p)));
+}
+
+}  // namespace
+
+Tensor BinaryCrossentropy::operator()(const Tensor& y_true, const Tensor& y_pred) const {
+  return reduce_mean(binary_elementwise(y_true, y_pred, *this));
+}
+
+Tensor BinaryCrossentropy::per_sample(const Tensor& y_true, const Tensor& y_pred) const {
+  return mean_over_last_axis(binary_elementwise(y_true, y_pred, *this));
 }
 
 LossConfig BinaryCrossentropy::get_config() const {

@@ -2,7 +2,45 @@
 #include "masking.h"
 
 #include "dtrain/core/error.h"
+#include "dtrain/nn/model.h"
+#include "dtrain/nn/output_mask.h"
 #include "dtrain/ops/tensor_ops.h"
+
+namespace dtrain::nn {
+namespace {
+
+// The model whose output mask this thread's call_with_output_mask waits for, and the mask.
+struct OutputMaskRecorder {
+  const Layer* model = nullptr;
+  Tensor mask;
+};
+thread_local OutputMaskRecorder recorder;
+
+}  // namespace
+
+std::pair<Tensor, Tensor> call_with_output_mask(Model& model, const Tensor& x, bool training) {
+  const OutputMaskRecorder saved = recorder;
+  recorder = {.model = &model, .mask = Tensor()};
+  Tensor y;
+  try {
+    y = model(x, training);
+  } catch (...) {
+    recorder = saved;
+    throw;
+  }
+  Tensor mask = std::move(recorder.mask);
+  recorder = saved;
+  return {std::move(y), std::move(mask)};
+}
+
+namespace detail {
+
+void report_output_mask(const Layer* model, const Tensor& mask) {
+  if (recorder.model == model) recorder.mask = mask;
+}
+
+}  // namespace detail
+}  // namespace dtrain::nn
 
 namespace dtrain::nn::detail {
 

@@ -21,4 +21,9 @@ Tensor mask_and(const Tensor& a, const Tensor& b, const Layer& layer);
 // 1 where ids != 0 (Embedding(mask_zero=true)), float32 of ids' shape.
 Tensor nonzero_mask(const Tensor& ids);
 
+// Sequential and Functional report the mask of their output here at the end of every call; it
+// is kept only when `model` is the one call_with_output_mask (dtrain/nn/output_mask.h) runs on
+// this thread (a nested model's report is ignored).
+void report_output_mask(const Layer* model, const Tensor& mask);
+
 }  // namespace dtrain::nn::detail

@@ -51,7 +51,30 @@ int64_t row_argmax(const Tensor& x, int64_t r, int64_t cols) {
   return best;
 }
 
+// Checks per-sample weights (undefined: none) against the shape of the metric's values (or,
+// `alt`, a second accepted shape) and returns them readable by weight_at.
+const Tensor* sample_weights(const Tensor& w, const Shape& values, const std::string& metric,
+                             const Shape* alt = nullptr) {
+  if (!w.defined()) return nullptr;
+  if (w.shape() != values && (alt == nullptr || w.shape() != *alt)) {
+    throw InvalidArgumentError(str_cat(metric, ": sample weights (the output's mask) must have ",
+                                       "the per-sample values' shape ", values.to_string(),
+                                       ", got ", w.shape().to_string()));
+  }
+  check_numeric(w, metric);
+  return &w;
+}
+
+double weight_at(const Tensor* w, int64_t i) { return w == nullptr ? 1.0 : ops::value_at(*w, i); }
+
 }  // namespace
+
+void Metric::update_state(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) {
+  if (sample_weight.defined()) {
+    throw InvalidArgumentError(str_cat(name(), ": this metric does not take sample weights"));
+  }
+  update_state(y_true, y_pred);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Mean.
@@ -66,10 +89,25 @@ void Mean::update_state(const Tensor& values) {
 
 void Mean::update_state(const Tensor& /*y_true*/, const Tensor& y_pred) { update_state(y_pred); }
 
+void Mean::update_state(const Tensor& /*y_true*/, const Tensor& y_pred,
+                        const Tensor& sample_weight) {
+  if (!sample_weight.defined()) return update_state(y_pred);
+  check_defined(y_pred, name(), "values");
+  check_numeric(y_pred, name());
+  const Tensor* w = sample_weights(sample_weight, y_pred.shape(), name());
+  double total = 0, count = 0;
+  for (int64_t i = 0, n = y_pred.num_elements(); i < n; ++i) {
+    total += ops::value_at(y_pred, i) * weight_at(w, i);
+    count += weight_at(w, i);
+  }
+  add(total, count);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Accuracies.
 
-void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred,
+                                             const Tensor& sample_weight) {
   check_defined(y_true, name(), "y_true");
   check_defined(y_pred, name(), "y_pred");
   DTRAIN_CHECK(y_pred.rank() >= 1 && y_pred.dim(-1) > 0, name(),
@@ -81,7 +119,8 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
                                  with_last_one(outer).to_string()));
   }
   const int64_t classes = y_pred.dim(-1), rows = outer.num_elements();
-  double matches = 0;
+  const Tensor* w = sample_weights(sample_weight, outer, name());
+  double matches = 0, count = w == nullptr ? static_cast<double>(rows) : 0.0;
   if (y_pred.dtype() == DType::kFloat32) {
     // The training loop's case: read the floats in place (no conversion, no allocation).
     const float* p = y_pred.data<float>();
@@ -92,18 +131,27 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
         if (row[c] > row[best]) best = c;
       }
       // label_at gives −1 for a non-integral float label, which never matches.
-      matches += ops::label_at(y_true, r) == best ? 1 : 0;
+      if (w == nullptr) {
+        matches += ops::label_at(y_true, r) == best ? 1 : 0;
+      } else {
+        const double wr = weight_at(w, r);
+        matches += ops::label_at(y_true, r) == best ? wr : 0.0;
+        count += wr;
+      }
     }
   } else {
     check_numeric(y_pred, name());
     for (int64_t r = 0; r < rows; ++r) {
-      matches += ops::label_at(y_true, r) == row_argmax(y_pred, r, classes) ? 1 : 0;
+      const double wr = weight_at(w, r);
+      matches += ops::label_at(y_true, r) == row_argmax(y_pred, r, classes) ? wr : 0.0;
+      if (w != nullptr) count += wr;
     }
   }
-  add(matches, static_cast<double>(rows));
+  add(matches, count);
 }
 
-void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred,
+                                       const Tensor& sample_weight) {
   check_defined(y_true, name(), "y_true");
   check_defined(y_pred, name(), "y_pred");
   if (y_true.shape() != y_pred.shape()) {
@@ -114,14 +162,20 @@ void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pre
   const int64_t classes = y_pred.dim(-1), rows = y_pred.num_elements() / classes;
   check_numeric(y_true, name());
   check_numeric(y_pred, name());
-  double matches = 0;
+  const Tensor* w = sample_weight.defined()
+                        ? sample_weights(sample_weight, drop_last(y_pred.shape()), name())
+                        : nullptr;
+  double matches = 0, count = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    matches += row_argmax(y_true, r, classes) == row_argmax(y_pred, r, classes) ? 1 : 0;
+    const double wr = weight_at(w, r);
+    matches += row_argmax(y_true, r, classes) == row_argmax(y_pred, r, classes) ? wr : 0.0;
+    count += wr;
   }
-  add(matches, static_cast<double>(rows));
+  add(matches, count);
 }
 
-void BinaryAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+void BinaryAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred,
+                                  const Tensor& sample_weight) {
   check_defined(y_true, name(), "y_true");
   check_defined(y_pred, name(), "y_pred");
   if (!same_up_to_trailing_one(y_true.shape(), y_pred.shape())) {
@@ -134,7 +188,12 @@ void BinaryAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
   const int64_t per_row = y_pred.rank() >= 2 ? y_pred.dim(-1) : 1;
   if (n == 0 || per_row == 0) return;
   const int64_t rows = n / per_row;
-  double total = 0;
+  const Tensor* w = nullptr;
+  if (sample_weight.defined()) {
+    w = sample_weights(sample_weight,
+                       y_pred.rank() >= 2 ? drop_last(y_pred.shape()) : y_pred.shape(), name());
+  }
+  double total = 0, count = 0;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t hits = 0;
     for (int64_t k = 0; k < per_row; ++k) {
@@ -142,13 +201,17 @@ void BinaryAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
       const double predicted = ops::value_at(y_pred, i) > options_.threshold ? 1.0 : 0.0;
       hits += predicted == ops::value_at(y_true, i) ? 1 : 0;
     }
-    total += per_row == 1 ? static_cast<double>(hits)
-                          : static_cast<double>(hits) / static_cast<double>(per_row);
+    const double wr = weight_at(w, r);
+    total += (per_row == 1 ? static_cast<double>(hits)
+                           : static_cast<double>(hits) / static_cast<double>(per_row)) *
+             wr;
+    count += wr;
   }
-  add(total, static_cast<double>(rows));
+  add(total, count);
 }
 
-void Accuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+void Accuracy::update_state(const Tensor& y_true, const Tensor& y_pred,
+                            const Tensor& sample_weight) {
   check_defined(y_true, name(), "y_true");
   check_defined(y_pred, name(), "y_pred");
   if (!same_up_to_trailing_one(y_true.shape(), y_pred.shape())) {
@@ -157,10 +220,20 @@ void Accuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
   check_numeric(y_true, name());
   check_numeric(y_pred, name());
   const int64_t n = y_pred.num_elements();
-  double matches = 0;
-  for (int64_t i = 0; i < n; ++i)
-    matches += ops::value_at(y_true, i) == ops::value_at(y_pred, i) ? 1 : 0;
-  add(matches, static_cast<double>(n));
+  const Tensor* w = nullptr;
+  if (sample_weight.defined()) {
+    // [B, T, 1] predictions count per [B, T] step.
+    const Shape squeezed =
+        y_pred.rank() >= 1 && y_pred.dim(-1) == 1 ? drop_last(y_pred.shape()) : y_pred.shape();
+    w = sample_weights(sample_weight, y_pred.shape(), name(), &squeezed);
+  }
+  double matches = 0, count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double wi = weight_at(w, i);
+    matches += ops::value_at(y_true, i) == ops::value_at(y_pred, i) ? wi : 0.0;
+    count += wi;
+  }
+  add(matches, count);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -174,6 +247,10 @@ class ShapeResolvedAccuracy : public Metric {
  public:
   using Metric::Metric;
   void update_state(const Tensor& y_true, const Tensor& y_pred) override {
+    update_state(y_true, y_pred, Tensor());
+  }
+  void update_state(const Tensor& y_true, const Tensor& y_pred,
+                    const Tensor& sample_weight) override {
     if (!inner_) {
       check_defined(y_true, name(), "y_true");
       check_defined(y_pred, name(), "y_pred");
@@ -191,7 +268,7 @@ class ShapeResolvedAccuracy : public Metric {
         inner_ = std::make_unique<CategoricalAccuracy>(name());
       }
     }
-    inner_->update_state(y_true, y_pred);
+    inner_->update_state(y_true, y_pred, sample_weight);
   }
   double result() const override { return inner_ ? inner_->result() : 0.0; }
   void reset_state() override {

@@ -11,6 +11,7 @@
 #include "dtrain/nn/transformer.h"
 #include "functional_config.h"
 #include "layer_registry.h"
+#include "masking.h"
 
 namespace dtrain::nn {
 
@@ -169,6 +170,7 @@ Tensor Sequential::call(const Tensor& x, bool training) {
     mask = l->compute_mask(h, mask);
     h = std::move(y);
   }
+  detail::report_output_mask(this, mask);
   return h;
 }
 

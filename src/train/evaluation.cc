@@ -5,6 +5,7 @@
 
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/distribute/input.h"
+#include "dtrain/nn/output_mask.h"
 #include "dtrain/train/training.h"
 #include "progress_bar.h"
 #include "training_state.h"
@@ -13,10 +14,10 @@ namespace dtrain::train {
 namespace {
 
 void test_step(nn::Model& model, TrainingState& s, const Tensor& x, const Tensor& y) {
-  const Tensor y_pred = model(x, /*training=*/false);
-  const Tensor loss = (*s.loss)(y, y_pred);
+  const auto [y_pred, mask] = nn::call_with_output_mask(model, x, /*training=*/false);
+  const Tensor loss = (*s.loss)(y, y_pred, mask);
   s.loss_tracker.update_state(loss.item(), x.rank() > 0 ? static_cast<double>(x.dim(0)) : 1.0);
-  for (const auto& m : s.metrics) m->update_state(y, y_pred);
+  for (const auto& m : s.metrics) m->update_state(y, y_pred, mask);
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // The step of fit() without a strategy: forward under a tape, loss, gradients and the update,
 // all on the calling thread.
+#include <tuple>
+
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
+#include "dtrain/nn/output_mask.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/preemption.h"
 #include "train_step.h"
@@ -19,12 +22,12 @@ class OneDeviceStep final : public TrainStep {
   StepOutcome run(std::span<const StepInput> steps) override {
     const Tensor& x = (*steps[0].batch)[0];
     const Tensor& y = (*steps[0].batch)[1];
-    Tensor y_pred;
+    Tensor y_pred, mask;  // mask: the output's Keras mask, which the loss and metrics weight by
     Tensor loss;
     {
       GradientTape tape;
-      y_pred = model_(x, /*training=*/true);
-      loss = (*s_.loss)(y, y_pred);
+      std::tie(y_pred, mask) = nn::call_with_output_mask(model_, x, /*training=*/true);
+      loss = (*s_.loss)(y, y_pred, mask);
       tape.gradient(loss, trainable_, grads_);
     }
     StepOutcome out;
@@ -36,7 +39,7 @@ class OneDeviceStep final : public TrainStep {
     const double batch = x.rank() > 0 ? static_cast<double>(x.dim(0)) : 1.0;
     s_.loss_tracker.update_state(loss.item(), batch);
     const Tensor pred = stop_gradient(y_pred);
-    for (const auto& m : s_.metrics) m->update_state(y, pred);
+    for (const auto& m : s_.metrics) m->update_state(y, pred, mask);
     return out;
   }
 

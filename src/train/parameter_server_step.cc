@@ -14,6 +14,7 @@
 #include "dtrain/core/random.h"
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
+#include "dtrain/nn/output_mask.h"
 #include "dtrain/nn/state_updates.h"
 #include "fit_loop.h"
 #include "train_step.h"
@@ -409,8 +410,8 @@ void serve_parameter_server_steps(nn::Model& model, TrainingState& s,
         ~StreamScope() { set_current_replica_stream({}); }
       } stream_scope(strategy.cluster().task_type == "worker" ? strategy.cluster().task_index : 0);
       GradientTape tape;
-      const Tensor y_pred = model(x, /*training=*/true);
-      const Tensor loss = (*s.loss)(y, y_pred);
+      const auto [y_pred, mask] = nn::call_with_output_mask(model, x, /*training=*/true);
+      const Tensor loss = (*s.loss)(y, y_pred, mask);
       // As in MultiWorkerMirrored: a part's mean loss weighted by its share of the global batch,
       // so the server's sum of the parts is the global batch's gradient.
       const Tensor scaled =
@@ -420,7 +421,7 @@ void serve_parameter_server_steps(nn::Model& model, TrainingState& s,
       const Tensor pred = stop_gradient(y_pred);
       for (const auto& m : s.metrics) {
         m->reset_state();
-        m->update_state(y, pred);
+        m->update_state(y, pred, mask);
         const auto [total, count] = m->state();
         out.push_back(total);
         out.push_back(count);

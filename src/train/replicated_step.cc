@@ -19,6 +19,7 @@
 #include "dtrain/distribute/input.h"
 #include "dtrain/distribute/sharded_update.h"
 #include "dtrain/distribute/sync_check.h"
+#include "dtrain/nn/output_mask.h"
 #include "dtrain/ops/tensor_ops.h"
 #include "dtrain/train/preemption.h"
 #include "state_updates.h"
@@ -59,10 +60,11 @@ class ReplicatedStep final : public TrainStep {
     // Preemption flag and non-finite-loss count, reduced with the gradients (one bucket), so
     // every worker learns at this step whether any of them must stop or skip.
     flags_ = Tensor(Shape{2});
-    // Moving statistics (BatchNormalization) ride the same all-reduce as the flags.
+    // Moving statistics (BatchNormalization) ride the same all-reduce as the flags (not under
+    // logical replicas: StateUpdates::gather sums them in logical order).
     state_updates_.begin(model_, st_);
     extra_ = {flags_};
-    if (!state_updates_.empty()) extra_.push_back(state_updates_.buffer());
+    if (state_updates_.needs_all_reduce()) extra_.push_back(state_updates_.buffer());
     update_ = [this](int r, int parts) { s_.optimizer->update_part(out_, trainable_, r, parts); };
     sharded_ = st_.make_sharded_update(trainable_, extra_, *s_.optimizer);
     if (sharded_) {
@@ -243,7 +245,7 @@ class ReplicatedStep final : public TrainStep {
       const Replica& rep = replicas_[r];
       if (!rep.y_pred.defined()) continue;
       s_.loss_tracker.update_state(rep.loss, static_cast<double>(rep.x.dim(0)));
-      for (const auto& m : s_.metrics) m->update_state(rep.y, rep.y_pred);
+      for (const auto& m : s_.metrics) m->update_state(rep.y, rep.y_pred, rep.mask);
     }
     times.compute += lap(t);
     return outcome;
@@ -252,7 +254,7 @@ class ReplicatedStep final : public TrainStep {
  private:
   struct Replica {
     std::vector<Tensor> grads;
-    Tensor x, y, y_pred;
+    Tensor x, y, y_pred, mask;  // mask: y_pred's Keras mask (nn/output_mask.h)
     double loss = 0;
   };
 
@@ -281,7 +283,7 @@ class ReplicatedStep final : public TrainStep {
       s_.loss_tracker.update_state(rep.loss, static_cast<double>(rep.x.dim(0)));
       for (int64_t i = 1; i < m; ++i) {
         metrics[i]->reset_state();
-        metrics[i]->update_state(rep.y, rep.y_pred);
+        metrics[i]->update_state(rep.y, rep.y_pred, rep.mask);
       }
       for (int64_t i = 0; i < m; ++i) std::tie(at[2 * i], at[2 * i + 1]) = metrics[i]->state();
     }
@@ -310,12 +312,14 @@ class ReplicatedStep final : public TrainStep {
     if (rows == 0) {
       rep.grads.clear();
       rep.y_pred = Tensor();
+      rep.mask = Tensor();
       rep.loss = 0;
       return;
     }
     GradientTape tape;
-    const Tensor y_pred = model_(rep.x, /*training=*/true);
-    const Tensor loss = (*s_.loss)(rep.y, y_pred);
+    Tensor y_pred;
+    std::tie(y_pred, rep.mask) = nn::call_with_output_mask(model_, rep.x, /*training=*/true);
+    const Tensor loss = (*s_.loss)(rep.y, y_pred, rep.mask);
     // Σ over replicas of (mean loss over the replica's rows · rows / global) is the mean over the
     // global batch, so summed gradients are the global batch's gradient.
     const Tensor scaled = scale(loss, static_cast<float>(rows) / static_cast<float>(global_));

@@ -3,9 +3,10 @@
 // TF_CONFIG) and writes every model and optimizer variable, raw, to --out.
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
-//              [--step-delay-us U] [--sync-bn 1] [--resnet 1] [--batch-size B]
+//              [--step-delay-us U] [--sync-bn 1] [--bn 1] [--resnet 1] [--batch-size B]
 //              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
-//              [--sharded-checkpoints 1] [--exit-at-epoch E] [--report-progress 1]
+//              [--sharded-checkpoints 1] [--exit-at-epoch E] [--exit-at-step S]
+//              [--report-progress 1]
 //              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
 //              [--clipnorm C | --global-clipnorm C]
 //              [--logical-replicas L] [--dropout 1] [--rows-log PREFIX]
@@ -137,6 +138,8 @@ struct Backup {
   bool async = false;         // backups written on background threads
   // --sync-bn 1: Dense(16, no bias) → SyncBatchNormalization → relu instead of Dense(16, relu).
   bool sync_bn = false;
+  // --bn 1: the same with a plain (per-replica) BatchNormalization.
+  bool bn = false;
   // --resnet 1: the examples as 2×2×2 images through a Functional residual CNN with
   // SyncBatchNormalization (Conv2D → SyncBN → ReLU → Conv2D → SyncBN, Add() skip, ReLU,
   // GlobalAveragePooling2D, Dense(3)).
@@ -148,6 +151,9 @@ struct Backup {
   double clipnorm = 0, global_clipnorm = 0;  // Adam's clipping by norm (0: none)
   bool sharded = false;                      // --sharded-checkpoints 1
   int64_t exit_at_epoch = -1;
+  // --exit-at-step S: exit with status 3 as this process's step S (0-based, counted from its
+  // start, so after a resume from there) begins.
+  int64_t exit_at_step = -1;
   bool dataset_input = false;    // --input dataset
   std::string rows_out;          // --rows-out
   std::string logdir;            // --logdir
@@ -218,9 +224,9 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     owned = std::move(seq);
   } else {
     auto seq = std::make_unique<nn::Sequential>();
-    if (backup.sync_bn) {
+    if (backup.sync_bn || backup.bn) {
       seq->add_layer(nn::Dense(16, {.use_bias = false, .input_shape = Shape{kFeatures}}));
-      seq->add_layer(nn::BatchNormalization({.synchronized = true}));
+      seq->add_layer(nn::BatchNormalization({.synchronized = backup.sync_bn}));
       seq->add_layer(nn::Activation("relu"));
     } else if (!backup.rows_out.empty() || !backup.rows_log.empty()) {
       seq->add_layer(nn::LayerRef(recorder));
@@ -282,6 +288,13 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   if (!backup.logdir.empty()) {
     callbacks.push_back(std::make_shared<train::TensorBoard>(
         backup.logdir, train::TensorBoardOptions{.profile_steps = backup.profile_steps}));
+  }
+  int64_t steps_begun = 0;
+  if (backup.exit_at_step >= 0) {
+    callbacks.push_back(std::make_shared<train::LambdaCallback>(
+        train::LambdaCallbackOptions{.on_batch_begin = [&](int64_t, const nn::Logs&) {
+          if (steps_begun++ == backup.exit_at_step) std::_Exit(3);
+        }}));
   }
   if (backup.exit_at_epoch >= 0) {
     callbacks.push_back(std::make_shared<train::LambdaCallback>(
@@ -362,6 +375,8 @@ int main(int argc, char** argv) {
       backup.async = v == "1";
     else if (k == "--sync-bn")
       backup.sync_bn = v == "1";
+    else if (k == "--bn")
+      backup.bn = v == "1";
     else if (k == "--resnet")
       backup.resnet = v == "1";
     else if (k == "--overlap-bucket-bytes")
@@ -388,6 +403,8 @@ int main(int argc, char** argv) {
       backup.profile_steps = std::atoll(v.c_str());
     else if (k == "--exit-at-epoch")
       backup.exit_at_epoch = std::atoll(v.c_str());
+    else if (k == "--exit-at-step")
+      backup.exit_at_step = std::atoll(v.c_str());
     else if (k == "--logical-replicas")
       backup.logical_replicas = std::atoi(v.c_str());
     else if (k == "--rows-log")

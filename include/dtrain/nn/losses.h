@@ -39,6 +39,19 @@ class Loss {
   // InvalidArgumentError when the shapes do not fit (naming both) or a sparse label is out of
   // range (naming the label and the example).
   virtual Tensor operator()(const Tensor& y_true, const Tensor& y_pred) const = 0;
+  // Keras's loss of a masked output (fit and evaluate pass y_pred's mask, nn/output_mask.h):
+  // without `mask` (undefined) the loss above; with it, the per-sample losses (per_sample)
+  // weighted by mask · total / valid (total: their count, valid: the mask's nonzeros; 0 when
+  // none is) and averaged over all of them, i.e. Σ loss · mask / valid — Keras 3's apply_mask
+  // and reduce_weighted_values under SUM_OVER_BATCH_SIZE. `mask` (any numeric dtype, nonzero: a
+  // real step) must have per_sample's shape; InvalidArgumentError naming both otherwise.
+  Tensor operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor& mask) const;
+  // The unreduced loss of every sample (Keras's Loss.call): y_pred's shape without the last
+  // axis (the crossentropies: one per row of class scores; MeanSquaredError and
+  // BinaryCrossentropy: the mean over the last axis, or each element of a rank-1 y_pred).
+  // Differentiable like operator(). The default throws UnimplementedError (a custom loss that
+  // cannot be masked).
+  virtual Tensor per_sample(const Tensor& y_true, const Tensor& y_pred) const;
   // Keras's snake_case name, e.g. "sparse_categorical_crossentropy".
   virtual std::string name() const = 0;
   // Keras's class name and config.
@@ -50,7 +63,9 @@ class Loss {
 // mean((y_pred − y_true)²). y_true and y_pred of one shape, or [B] against [B, 1].
 class MeanSquaredError : public Loss {
  public:
+  using Loss::operator();
   Tensor operator()(const Tensor& y_true, const Tensor& y_pred) const override;
+  Tensor per_sample(const Tensor& y_true, const Tensor& y_pred) const override;
   std::string name() const override { return "mean_squared_error"; }
   LossConfig get_config() const override;
 };
@@ -67,7 +82,9 @@ class SparseCategoricalCrossentropy : public Loss {
  public:
   explicit SparseCategoricalCrossentropy(SparseCategoricalCrossentropyOptions options = {})
       : options_(options) {}
+  using Loss::operator();
   Tensor operator()(const Tensor& y_true, const Tensor& y_pred) const override;
+  Tensor per_sample(const Tensor& y_true, const Tensor& y_pred) const override;
   std::string name() const override { return "sparse_categorical_crossentropy"; }
   LossConfig get_config() const override;
   const SparseCategoricalCrossentropyOptions& options() const { return options_; }
@@ -88,7 +105,9 @@ class CategoricalCrossentropy : public Loss {
  public:
   // Throws InvalidArgumentError unless 0 <= label_smoothing <= 1.
   explicit CategoricalCrossentropy(CategoricalCrossentropyOptions options = {});
+  using Loss::operator();
   Tensor operator()(const Tensor& y_true, const Tensor& y_pred) const override;
+  Tensor per_sample(const Tensor& y_true, const Tensor& y_pred) const override;
   std::string name() const override { return "categorical_crossentropy"; }
   LossConfig get_config() const override;
   const CategoricalCrossentropyOptions& options() const { return options_; }
@@ -110,7 +129,9 @@ class BinaryCrossentropy : public Loss {
  public:
   // Throws InvalidArgumentError unless 0 <= label_smoothing <= 1.
   explicit BinaryCrossentropy(BinaryCrossentropyOptions options = {});
+  using Loss::operator();
   Tensor operator()(const Tensor& y_true, const Tensor& y_pred) const override;
+  Tensor per_sample(const Tensor& y_true, const Tensor& y_pred) const override;
   std::string name() const override { return "binary_crossentropy"; }
   LossConfig get_config() const override;
   const BinaryCrossentropyOptions& options() const { return options_; }

@@ -22,6 +22,14 @@ class Metric {
   // Adds one batch. Throws InvalidArgumentError naming both shapes when y_true and y_pred do
   // not fit, or naming the dtype when a tensor is not numeric.
   virtual void update_state(const Tensor& y_true, const Tensor& y_pred) = 0;
+  // Adds one batch with a weight per sample (Keras's sample_weight; fit and evaluate pass the
+  // output's mask, nn/output_mask.h): the result is Σ value · weight / Σ weight. An undefined
+  // `sample_weight` is update_state(y_true, y_pred). The accuracies and Mean take weights of
+  // their per-sample values' shape (the accuracies: y_pred's without the class axis; Accuracy
+  // and Mean: y_pred's); InvalidArgumentError naming both shapes otherwise. The default throws
+  // InvalidArgumentError for defined weights (a metric that cannot weight).
+  virtual void update_state(const Tensor& y_true, const Tensor& y_pred,
+                            const Tensor& sample_weight);
   // The value over everything added since the last reset; 0 when nothing was added (Keras's
   // divide_no_nan).
   virtual double result() const = 0;
@@ -75,6 +83,9 @@ class Mean : public WeightedMean {
   void update_state(const Tensor& values);
   // Adds the elements of y_pred with weight 1; y_true is ignored (Mean has no labels).
   void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+  // Adds the elements of y_pred, each with its weight.
+  void update_state(const Tensor& y_true, const Tensor& y_pred,
+                    const Tensor& sample_weight) override;
 };
 
 // The mean of a per-example match value (Keras's MeanMetricWrapper): total matches / examples.
@@ -89,7 +100,11 @@ class SparseCategoricalAccuracy : public MeanMetricWrapper {
  public:
   explicit SparseCategoricalAccuracy(std::string name = "sparse_categorical_accuracy")
       : MeanMetricWrapper(std::move(name)) {}
-  void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+  void update_state(const Tensor& y_true, const Tensor& y_pred) override {
+    update_state(y_true, y_pred, Tensor());
+  }
+  void update_state(const Tensor& y_true, const Tensor& y_pred,
+                    const Tensor& sample_weight) override;
 };
 
 // argmax(y_pred) == argmax(y_true) per example; y_true and y_pred [B, C] (first index wins ties).
@@ -97,7 +112,11 @@ class CategoricalAccuracy : public MeanMetricWrapper {
  public:
   explicit CategoricalAccuracy(std::string name = "categorical_accuracy")
       : MeanMetricWrapper(std::move(name)) {}
-  void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+  void update_state(const Tensor& y_true, const Tensor& y_pred) override {
+    update_state(y_true, y_pred, Tensor());
+  }
+  void update_state(const Tensor& y_true, const Tensor& y_pred,
+                    const Tensor& sample_weight) override;
 };
 
 struct BinaryAccuracyOptions {
@@ -111,7 +130,11 @@ class BinaryAccuracy : public MeanMetricWrapper {
  public:
   explicit BinaryAccuracy(std::string name = "binary_accuracy", BinaryAccuracyOptions options = {})
       : MeanMetricWrapper(std::move(name)), options_(options) {}
-  void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+  void update_state(const Tensor& y_true, const Tensor& y_pred) override {
+    update_state(y_true, y_pred, Tensor());
+  }
+  void update_state(const Tensor& y_true, const Tensor& y_pred,
+                    const Tensor& sample_weight) override;
   const BinaryAccuracyOptions& options() const { return options_; }
 
  private:
@@ -123,7 +146,11 @@ class BinaryAccuracy : public MeanMetricWrapper {
 class Accuracy : public MeanMetricWrapper {
  public:
   explicit Accuracy(std::string name = "accuracy") : MeanMetricWrapper(std::move(name)) {}
-  void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+  void update_state(const Tensor& y_true, const Tensor& y_pred) override {
+    update_state(y_true, y_pred, Tensor());
+  }
+  void update_state(const Tensor& y_true, const Tensor& y_pred,
+                    const Tensor& sample_weight) override;
 };
 
 // A metric from the strings Keras's compile(metrics=[...]) accepts. "accuracy" and "acc"

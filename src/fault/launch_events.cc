@@ -168,7 +168,8 @@ void RecoveryTracker::record_snapshot_reports(const Generation& g,
       if (!at && recovered_generation_ == g.number) at = recovered_detected_at_;
       if (at) {
         const double detected = std::chrono::duration<double>(at->time_since_epoch()).count();
-        for (const char* phase : {"assigned", "started", "received", "restored", "first_step"}) {
+        for (const char* phase : {"assigned", "announced", "rejoined", "rolled_back", "started",
+                                  "received", "restored", "shared", "first_step"}) {
           if (!j.contains(phase)) continue;
           const double after = j[phase].get<double>() - detected;
           e.extra[str_cat(phase, "_after_failure_s")] = fixed(after, 3);
@@ -176,9 +177,17 @@ void RecoveryTracker::record_snapshot_reports(const Generation& g,
         }
         if (!timing.empty()) timing += " after the failure was detected";
       }
-      e.message = str_cat("rank ", *rank, ": received ", e.checkpoint, " from rank ",
-                          j.value("from_rank", -1), " (a survivor) by broadcast, ",
-                          j.value("bytes", int64_t{0}), " bytes", timing);
+      if (j.value("survivor", false)) {
+        e.extra["survivor"] = "true";
+        e.extra.erase("from_rank");
+        e.extra.erase("bytes");
+        e.message = str_cat("rank ", *rank, ": rolled back to ", e.checkpoint,
+                            " from local memory in the surviving process", timing);
+      } else {
+        e.message = str_cat("rank ", *rank, ": received ", e.checkpoint, " from rank ",
+                            j.value("from_rank", -1), " (a survivor) by broadcast, ",
+                            j.value("bytes", int64_t{0}), " bytes", timing);
+      }
     } catch (const std::exception& ex) {
       e.message =
           str_cat("rank ", *rank, ": unreadable snapshot report '", value, "': ", ex.what());

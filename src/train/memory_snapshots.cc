@@ -104,7 +104,9 @@ void report_snapshot_source(const nlohmann::json& report) {
     distribute::CoordinationClient client(
         env.master->to_string(),
         {.connect_timeout = std::chrono::seconds(5), .rpc_timeout = std::chrono::seconds(5)});
-    client.set(str_cat("snapshot_restore/", env.generation, "/", env.rank), report.dump());
+    // A survivor's report names the generation it joined (its environment names its first).
+    const int64_t generation = report.value("generation", env.generation);
+    client.set(str_cat("snapshot_restore/", generation, "/", env.rank), report.dump());
   } catch (const Error& e) {
     std::cerr << "BackupAndRestore: could not report the snapshot's source to the launcher: "
               << e.what() << "\n";
@@ -144,6 +146,7 @@ NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
     next.restore = j.at("restore").get<std::string>();
     next.source = j.value("source", std::string());
     next.state_root = j.value("state_root", -1);
+    next.announced_at = monotonic_seconds();
   } catch (const std::exception&) {
     throw DataLossError(str_cat("fit: the launcher's announcement ", key, " = '", text,
                                 "' is not {\"generation\", \"restore\", \"source\"}"));
@@ -154,6 +157,7 @@ NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
 }
 
 void MemorySnapshots::roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next) {
+  const double rejoined = monotonic_seconds();  // the new generation's collectives connected
   // Every write in flight lands (or fails) before the state is replaced under it.
   if (manager_) {
     try {
@@ -170,6 +174,14 @@ void MemorySnapshots::roll_back(checkpoint::Checkpoint& ckpt, const NextGenerati
   }
   last_ = -1;
   to_share_ = next;
+  // A survivor's phases, sent after its first step in the new generation (after_step).
+  report_ = nlohmann::json{{"source", "local_memory"},
+                           {"survivor", true},
+                           {"generation", next.generation},
+                           {"checkpoint", fs::path(next.restore).filename().string()},
+                           {"announced", next.announced_at},
+                           {"rejoined", rejoined},
+                           {"rolled_back", monotonic_seconds()}};
   std::cerr << "BackupAndRestore: rolled back to "
             << std::filesystem::path(next.restore).filename().string() << " from "
             << (next.source.empty() ? "the launcher's memory" : next.source)
@@ -282,6 +294,7 @@ void MemorySnapshots::share_state(distribute::Collectives& collectives) {
                                   "; the newcomers restore from their launcher's memory"))
               << "\n";
   }
+  if (report_) (*report_)["shared"] = monotonic_seconds();
   to_share_.reset();
 }
 

@@ -57,9 +57,10 @@ std::string survivor_announcement_key(const std::string& run_id, int64_t generat
 // What a surviving worker is told: the generation to join and the snapshot to roll back to.
 struct NextGeneration {
   int64_t generation = 0;
-  std::string restore;  // checkpoint prefix of the agreed snapshot (in the launcher's tmpfs)
-  std::string source;   // where it came from, for the log
-  int state_root = -1;  // the survivor that broadcasts the snapshot to the newcomers; -1: none
+  std::string restore;      // checkpoint prefix of the agreed snapshot (in the launcher's tmpfs)
+  std::string source;       // where it came from, for the log
+  int state_root = -1;      // the survivor that broadcasts the snapshot to the newcomers; -1: none
+  double announced_at = 0;  // when it came (CLOCK_MONOTONIC seconds), for the phases' report
 };
 
 class MemorySnapshots {

@@ -224,8 +224,16 @@ class LaunchSpares : public ::testing::Test {
       for (pid_t v : pick) {
         if (kill(v, SIGKILL) == 0) ++kills;
       }
+      const size_t recovered_before = of_kind(all_events(), "recovered").size();
       expect = trained_before + static_cast<int>(victims);
       if (!wait_for_state(p, n, expect, 0)) break;
+      // The next kill only once the launcher recorded this recovery (it sees the first step at
+      // its monitor period; a kill before that would supersede it).
+      const auto deadline = Clock::now() + std::chrono::seconds(30);
+      while (Clock::now() < deadline &&
+             of_kind(all_events(), "recovered").size() <= recovered_before) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       const std::vector<pid_t> after = workers(p);
       const bool kept = std::all_of(before.begin(), before.end(), [&](pid_t b) {
         return std::find(pick.begin(), pick.end(), b) != pick.end() ||

@@ -168,8 +168,16 @@ class LaunchSurvivors : public ::testing::Test {
         if (kill(v, SIGKILL) == 0) ++kills;
       }
       // Training again: the restarted workers took a step (all of them after a restart-all).
+      const size_t recovered_before = of_kind(events(dir_ + "/events.jsonl"), "recovered").size();
       expect = trained_before + static_cast<int>(victims);
       if (!wait_trained(p, workers, expect)) break;
+      // The next kill only once the launcher recorded this recovery (it sees the first step at
+      // its monitor period; a kill before that would supersede it).
+      const auto deadline = Clock::now() + std::chrono::seconds(30);
+      while (Clock::now() < deadline &&
+             of_kind(events(dir_ + "/events.jsonl"), "recovered").size() <= recovered_before) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       const std::vector<pid_t> after = children(p.pid);
       const bool kept = std::all_of(before.begin(), before.end(), [&](pid_t b) {
         return std::find(pick.begin(), pick.end(), b) != pick.end() ||

@@ -66,10 +66,12 @@ std::string pack_snapshot(const std::string& prefix) {
 // Writes the files of a blob into `dir`; throws DataLossError for a malformed blob.
 void unpack_snapshot(const uint8_t* blob, size_t size, const fs::path& dir) {
   size_t at = 0;
-  const auto get = [&](std::string what) {
+  const auto get = [&](const char* what) {
     uint64_t v = 0;
-    DTRAIN_CHECK(at + 8 <= size, "the broadcast snapshot is truncated at byte ", at, " (", what,
-                 ")");
+    if (at + 8 > size) {
+      throw DataLossError(
+          str_cat("the broadcast snapshot is truncated at byte ", at, " (", what, ")"));
+    }
     std::memcpy(&v, blob + at, 8);
     at += 8;
     return v;
@@ -84,8 +86,9 @@ void unpack_snapshot(const uint8_t* blob, size_t size, const fs::path& dir) {
       throw DataLossError(str_cat("the broadcast snapshot names a file '", name, "'"));
     }
     const uint64_t bytes = get("a file's size");
-    if (at + bytes > size)
+    if (at + bytes > size) {
       throw DataLossError(str_cat("the broadcast snapshot's ", name, " is truncated"));
+    }
     std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(blob + at), static_cast<std::streamsize>(bytes));
     out.close();

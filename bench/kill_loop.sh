@@ -10,7 +10,11 @@
 # pick workers only, never the standby spare); and PyTorch DDP on the same job under torchrun
 # --max_restarts with torch.save every 50 steps (bench/torchrun_kill_loop.sh; NO_TORCH=1 skips
 # it), its goodput against its own uninterrupted run. Goodput = uninterrupted wall time / wall time with kills;
-# recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it).
+# recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it;
+# an upper bound: the launcher sees steps at its 250 ms monitor period). For survivors and spares
+# the phases follow, exact (CLOCK_MONOTONIC, reported by the newcomer that received its state
+# from a survivor): mean seconds after the failure's detection to the spare's assignment, its
+# collectives connected (broadcast begun), the state received, restored, and its first step.
 # JOB=lm runs the same modes on a small char-level GPT on the fortunes text (2 blocks, d_model 64,
 # 4 heads, context 64, global batch 16, AdamW, global_clipnorm 1.0, STEPS steps per epoch,
 # default 100; accuracy = the final validation accuracy), torchrun's rows the same GPT's
@@ -109,6 +113,22 @@ for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad" \
     "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" \
     "$r" "$a"
 done
+# phases NAME: the mean (min-max) seconds after detection of each phase of the newcomers'
+# snapshot_restore events with "source":"survivor".
+phases() {
+  local events="$tmp/$1/events.jsonl" line="" p
+  for p in assigned started received restored first_step; do
+    line+=$({ grep '"source":"survivor"' "$events" 2> /dev/null || true; } |
+      { grep -oE "\"${p}_after_failure_s\":\"[0-9.e+-]+\"" || true; } | grep -oE '[0-9.e+-]+"$' |
+      tr -d '"' | awk -v p="$p" '{ s += $1; n++; if (n == 1 || $1 < lo) lo = $1; if ($1 > hi) hi = $1 }
+        END { if (n) printf " %s %.3f (%.3f-%.3f)", p, s / n, lo, hi }')
+  done
+  local n
+  n=$({ grep -c '"source":"survivor"' "$events" 2> /dev/null || true; })
+  echo "$1 phases after detection, s, over ${n:-0} newcomers:${line:- none}"
+}
+phases survivors
+phases spares
 if ((${#torch_rows[@]} == 2)); then
   read -r tt0 _ ta0 _ _ <<< "${torch_rows[0]}"
   read -r tt tk ta tl _ <<< "${torch_rows[1]}"

@@ -305,7 +305,12 @@ void GenerationSupervisor::fail(Failure f) {
   failure_ = std::move(f);
   if (survive) {
     say("survivors: the other workers keep running; restarting only the failed one(s)");
-    survivors_until_ = Clock::now() + kSurvivorsSettle;
+    // With one worker left running, no other can die "with" the first and leave survivors:
+    // no window (when it dies too, the next generation fails as it forms and every worker
+    // restarts, as after the window).
+    int running = 0;
+    for (const auto& w : group_.workers()) running += w.running ? 1 : 0;
+    survivors_until_ = Clock::now() + (running > 1 ? kSurvivorsSettle : milliseconds(0));
     return;
   }
   stop_all(SIGTERM);

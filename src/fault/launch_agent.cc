@@ -7,6 +7,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -31,6 +33,17 @@ namespace dist = dtrain::distribute;
 
 // --on-failure, for the workers (train/memory_snapshots.h reads it).
 constexpr const char* kEnvOnFailure = "DTRAIN_ON_FAILURE";
+// For a newcomer of a survivors recovery: the survivor that broadcasts the snapshot to it
+// (train/memory_snapshots.h).
+constexpr const char* kEnvBroadcastRoot = "DTRAIN_SNAPSHOT_BROADCAST_ROOT";
+// "0" in the launcher's environment: newcomers restore from the launcher's memory instead (a
+// diagnostic switch; the tests check that the broadcast is what they observe).
+constexpr const char* kEnvStateBroadcast = "DTRAIN_LAUNCH_STATE_BROADCAST";
+
+bool state_broadcast_enabled() {
+  const char* v = std::getenv(kEnvStateBroadcast);
+  return v == nullptr || std::string(v) != "0";
+}
 // Where a survivor of generation `failed` learns the next one (train/memory_snapshots.h:
 // survivor_announcement_key).
 std::string announcement_key(const std::string& run_id, int64_t failed, int rank) {
@@ -77,16 +90,14 @@ class Agent {
   std::unique_ptr<SnapshotKeeper> snapshots_;  // --snapshot-every > 0 with a coordination service
   std::unique_ptr<Spares> spares_;             // --spares K > 0
   int taken_by_spares_ = 0;                    // ranks of the recovery in progress taken by spares
+  std::optional<int> state_root_;  // while continue_survivors() starts newcomers: their root
 };
 
 // The launcher's variables that a worker's environment replaces (or leaves out).
-const std::vector<std::string> kWorkerDrop = {dist::kEnvMasterAddr,
-                                              dist::kEnvMasterPort,
-                                              "DTRAIN_SNAPSHOT_DIR",
-                                              "DTRAIN_SNAPSHOT_RESTORE",
-                                              "DTRAIN_SNAPSHOT_SOURCE",
-                                              "DTRAIN_SNAPSHOT_EVERY",
-                                              kEnvOnFailure};
+const std::vector<std::string> kWorkerDrop = {dist::kEnvMasterAddr,     dist::kEnvMasterPort,
+                                              "DTRAIN_SNAPSHOT_DIR",    "DTRAIN_SNAPSHOT_RESTORE",
+                                              "DTRAIN_SNAPSHOT_SOURCE", "DTRAIN_SNAPSHOT_EVERY",
+                                              kEnvBroadcastRoot,        kEnvOnFailure};
 
 Agent::Agent(const LaunchOptions& o)
     : o_(o),
@@ -189,10 +200,19 @@ bool Agent::continue_survivors(const Generation& failed, const Generation& g, Wo
     for (const Worker* w : alive) out += str_cat(out.empty() ? "" : ", ", w->rank);
     return out;
   }();
+  // The lowest surviving rank broadcasts the agreed snapshot to the newcomers over the new
+  // generation's collectives; their copies in this launcher's memory are the fallback.
+  std::optional<int> root;
+  if (state_broadcast_enabled() && !dead.empty()) {
+    root = (*std::min_element(alive.begin(), alive.end(), [](const Worker* a, const Worker* b) {
+             return a->rank < b->rank;
+           }))->rank;
+  }
   try {
     for (Worker* w : alive) {
       const auto [prefix, source] = *snapshots_->restore_of(w->rank);
-      const nlohmann::json j = {{"generation", g.number}, {"restore", prefix}, {"source", source}};
+      nlohmann::json j = {{"generation", g.number}, {"restore", prefix}, {"source", source}};
+      if (root) j["state_root"] = *root;
       rendezvous_.client().set(announcement_key(o_.run_id, failed.number, w->rank), j.dump());
     }
   } catch (const Error& e) {
@@ -203,6 +223,7 @@ bool Agent::continue_survivors(const Generation& failed, const Generation& g, Wo
   // The watchdog counts a survivor's stall from now (it rolls back, and its steps go back too).
   for (Worker* w : alive) w->step_changed = Clock::now();
   std::string restarted, spares;
+  state_root_ = root;
   for (Worker* w : dead) {
     if (std::optional<Process> p = take_spare(g, *w)) {
       group.adopt(*w, *p, g.number);
@@ -214,6 +235,7 @@ bool Agent::continue_survivors(const Generation& failed, const Generation& g, Wo
                   [&](const Worker& x) { return worker_environment(g, x); });
     restarted += str_cat(restarted.empty() ? "" : ", ", w->rank, " (pid ", w->pid, ")");
   }
+  state_root_.reset();
   FaultEvent e = event_of(kEventSurvivors, g.number);
   e.node = o_.node_rank;
   e.world_size = g.world_size;
@@ -223,6 +245,7 @@ bool Agent::continue_survivors(const Generation& failed, const Generation& g, Wo
     e.pid = dead[0]->pid;
   }
   e.extra["survivors"] = rank_list;
+  if (root) e.extra["state_from_rank"] = std::to_string(*root);
   e.extra["restarted"] = restarted;
   if (!spares.empty()) e.extra["spares"] = spares;
   std::string pids;
@@ -320,6 +343,7 @@ std::vector<std::string> Agent::worker_variables(const Generation& g, const Work
   if (snapshots_) {
     for (std::string& v : snapshots_->environment(w.rank)) set.push_back(std::move(v));
   }
+  if (state_root_) set.push_back(str_cat(kEnvBroadcastRoot, "=", *state_root_));
   return set;
 }
 

@@ -8,6 +8,7 @@
 
 #include "dtrain/core/error.h"
 #include "fault/launch_util.h"
+#include "fault/snapshots.h"
 
 namespace dtrain::fault {
 
@@ -87,7 +88,9 @@ void RecoveryTracker::record_backup_restores(const Generation& g,
     backups_generation_ = g.number;
     backups_done_ = false;
     backups_seen_.clear();
+    snapshots_seen_.clear();
   }
+  record_snapshot_reports(g, client);
   if (backups_done_) return;
   // A worker writes its report before its first step, so once every worker of this node has
   // trained one, this read is the last one needed.
@@ -135,6 +138,65 @@ void RecoveryTracker::record_backup_restores(const Generation& g,
   if (last) backups_done_ = true;
 }
 
+void RecoveryTracker::record_snapshot_reports(const Generation& g,
+                                              distribute::CoordinationClient& client) {
+  // Read at every monitor pass: a newcomer reports after its first step, which can come after
+  // the backup reports' last read.
+  // A newcomer of a survivors recovery that received its snapshot from a survivor says so
+  // (train/memory_snapshots.cc); its monotonic times place the phases after the detection.
+  for (const auto& [key, value] : client.get_prefix(str_cat("snapshot_restore/", g.number, "/"))) {
+    const std::optional<int64_t> rank = parse_int(key.substr(key.rfind('/') + 1));
+    if (!rank || *rank < g.rank_offset ||
+        *rank >= g.rank_offset + static_cast<int64_t>(g.slots.size()) ||
+        snapshots_seen_[static_cast<int>(*rank)]) {
+      continue;
+    }
+    snapshots_seen_[static_cast<int>(*rank)] = true;
+    FaultEvent e = event_of(kEventSnapshotRestore, g.number);
+    e.rank = static_cast<int>(*rank);
+    e.node = g.nodes.empty() ? 0 : g.nodes[static_cast<size_t>(g.node_index)];
+    try {
+      const nlohmann::json j = nlohmann::json::parse(value);
+      const std::string source = j.value("source", "?");
+      e.checkpoint = j.value("checkpoint", "");
+      e.extra["source"] = source;
+      e.extra["from_rank"] = std::to_string(j.value("from_rank", -1));
+      e.extra["bytes"] = std::to_string(j.value("bytes", int64_t{0}));
+      std::string timing;
+      std::optional<Clock::time_point> at;
+      if (recovery_ && recovery_->generation == g.number) at = recovery_->failure.detected_at;
+      if (!at && recovered_generation_ == g.number) at = recovered_detected_at_;
+      if (at) {
+        const double detected = std::chrono::duration<double>(at->time_since_epoch()).count();
+        for (const char* phase : {"assigned", "announced", "rejoined", "rolled_back", "started",
+                                  "received", "restored", "shared", "first_step"}) {
+          if (!j.contains(phase)) continue;
+          const double after = j[phase].get<double>() - detected;
+          e.extra[str_cat(phase, "_after_failure_s")] = fixed(after, 3);
+          timing += str_cat(timing.empty() ? "; " : ", ", phase, " ", fixed(after, 3), " s");
+        }
+        if (!timing.empty()) timing += " after the failure was detected";
+      }
+      if (j.value("survivor", false)) {
+        e.extra["survivor"] = "true";
+        e.extra.erase("from_rank");
+        e.extra.erase("bytes");
+        e.message = str_cat("rank ", *rank, ": rolled back to ", e.checkpoint,
+                            " from local memory in the surviving process", timing);
+      } else {
+        e.message = str_cat("rank ", *rank, ": received ", e.checkpoint, " from rank ",
+                            j.value("from_rank", -1), " (a survivor) by broadcast, ",
+                            j.value("bytes", int64_t{0}), " bytes", timing);
+      }
+    } catch (const std::exception& ex) {
+      e.message =
+          str_cat("rank ", *rank, ": unreadable snapshot report '", value, "': ", ex.what());
+    }
+    say(e.message);
+    recorder_.record(e);
+  }
+}
+
 void RecoveryTracker::record_resumed(const Generation& g, distribute::CoordinationClient& client) {
   Recovery& r = *recovery_;
   const auto resumed = client.get_prefix(str_cat("resumed/", g.number, "/"));
@@ -161,6 +223,8 @@ void RecoveryTracker::record_resumed(const Generation& g, distribute::Coordinati
 
 void RecoveryTracker::record_recovered(const Generation& g) {
   const Recovery& r = *recovery_;
+  recovered_generation_ = g.number;
+  recovered_detected_at_ = r.failure.detected_at;
   const double recovery = seconds_between(r.failure.detected_at, Clock::now());
   FaultEvent e = event_of(kEventRecovered, g.number);
   e.rank = r.failure.rank;

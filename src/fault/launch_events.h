@@ -69,6 +69,8 @@ class RecoveryTracker {
   };
   void record_resumed(const Generation& g, distribute::CoordinationClient& client);
   void record_recovered(const Generation& g);
+  // A newcomer's snapshot_restore report (state from a survivor, with the phases' times).
+  void record_snapshot_reports(const Generation& g, distribute::CoordinationClient& client);
   void record_backup_restores(const Generation& g, distribute::CoordinationClient& client,
                               const std::map<std::string, std::string>& progress);
 
@@ -77,7 +79,10 @@ class RecoveryTracker {
   std::optional<Recovery> recovery_;
   int64_t backups_generation_ = 0;  // the generation whose backup_restore reports are read
   bool backups_done_ = false;
-  std::map<int, bool> backups_seen_;  // rank → recorded
+  std::map<int, bool> backups_seen_;    // rank → recorded
+  std::map<int, bool> snapshots_seen_;  // rank → its snapshot_restore report recorded
+  int64_t recovered_generation_ = 0;    // the last recovery's generation and detection time
+  Clock::time_point recovered_detected_at_{};
 };
 
 }  // namespace dtrain::fault

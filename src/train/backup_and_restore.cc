@@ -198,7 +198,17 @@ void BackupAndRestore::on_train_begin(const Logs&) {
   restored_from_.reset();
   snapshots_ = MemorySnapshots::from_environment(options_.snapshot_every);
   if (snapshots_) snapshots_->begin(state_->children);
-  if (options_.restore && snapshots_) restored_from_ = snapshots_->restore_agreed(*state_->ckpt);
+  if (options_.restore && snapshots_) {
+    TrainingState& ts = state_of(*model(), "BackupAndRestore");
+    auto* strategy = dynamic_cast<distribute::MultiWorkerMirroredStrategy*>(ts.strategy);
+    if (strategy != nullptr && strategy->num_workers() > 1 && MemorySnapshots::broadcast_root()) {
+      // A newcomer of a survivors recovery: the state comes from a survivor by broadcast.
+      restored_from_ = snapshots_->receive_state(*state_->ckpt, strategy->collectives(),
+                                                 strategy->logical_replicas() > 0);
+    } else {
+      restored_from_ = snapshots_->restore_agreed(*state_->ckpt);
+    }
+  }
   if (options_.restore && !restored_from_) {
     if (state_->manager) {
       restored_from_ = state_->manager->restore_or_initialize();
@@ -254,6 +264,13 @@ bool BackupAndRestore::rejoin_after_failure() {
   notify_step(ts.optimizer->iterations());
   report_resume_to_launcher(next.restore, ts.optimizer->iterations(), next.generation);
   return true;
+}
+
+void BackupAndRestore::share_state_after_rejoin() {
+  if (!state_ || !snapshots_) return;
+  TrainingState& ts = state_of(*model(), "BackupAndRestore");
+  auto* strategy = dynamic_cast<distribute::MultiWorkerMirroredStrategy*>(ts.strategy);
+  if (strategy != nullptr) snapshots_->share_state(strategy->collectives());
 }
 
 void BackupAndRestore::backup() {

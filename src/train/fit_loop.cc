@@ -287,11 +287,15 @@ bool FitLoop::rejoin_after_failure() {
     // survivors meet the restarted workers': fit(x, y)'s shuffle-seed agreement under several
     // workers (Model::fit in fit.cc; the value is the snapshot's anyway), then the chief's
     // broadcast in the new step's begin().
-    if (!position_.data_seed || s_.strategy->num_workers() == 1) break;
+    // Then the survivor's broadcast of the snapshot to the newcomers, which receive it where a
+    // fresh fit() restores (BackupAndRestore::on_train_begin).
     try {
-      const uint64_t mine = *position_.data_seed & ((uint64_t{1} << 52) - 1);
-      s_.strategy->all_reduce_scalar(s_.strategy->is_chief() ? static_cast<double>(mine) : 0.0,
-                                     distribute::ReduceOp::kSum);
+      if (position_.data_seed && s_.strategy->num_workers() > 1) {
+        const uint64_t mine = *position_.data_seed & ((uint64_t{1} << 52) - 1);
+        s_.strategy->all_reduce_scalar(s_.strategy->is_chief() ? static_cast<double>(mine) : 0.0,
+                                       distribute::ReduceOp::kSum);
+      }
+      backups->share_state_after_rejoin();
       break;
     } catch (const Error&) {
       // A peer failed again: the generation after this one.

@@ -1,13 +1,20 @@
 // MemorySnapshots: BackupAndRestore's state into the launcher's memory (memory_snapshots.h).
 #include "memory_snapshots.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "dtrain/core/error.h"
+#include "dtrain/distribute/collectives.h"
 #include "dtrain/distribute/coordination.h"
 #include "dtrain/distribute/launcher_env.h"
 #include "dtrain/optim/optimizer.h"
@@ -23,6 +30,95 @@ namespace {
 // program that calls fit() again continues from its own state).
 std::atomic<bool> active{false};
 std::atomic<bool> restored{false};
+
+namespace fs = std::filesystem;
+
+// A snapshot's files (`<prefix>.index`, `<prefix>.data-*`) as one blob for the broadcast:
+// per file, its name's length (8 bytes), the name, its size (8 bytes) and its bytes. Empty when
+// a file cannot be read (the receivers fall back to the launcher's copy).
+std::string pack_snapshot(const std::string& prefix) {
+  const fs::path dir = fs::path(prefix).parent_path();
+  const std::string base = fs::path(prefix).filename().string();
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == base + ".index" || name.rfind(base + ".data-", 0) == 0) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  if (ec || std::find(names.begin(), names.end(), base + ".index") == names.end()) return {};
+  std::string blob;
+  const auto put = [&blob](uint64_t v) { blob.append(reinterpret_cast<const char*>(&v), 8); };
+  for (const std::string& name : names) {
+    std::ifstream in(dir / name, std::ios::binary);
+    std::ostringstream bytes;
+    bytes << in.rdbuf();
+    if (!in) return {};
+    const std::string b = std::move(bytes).str();
+    put(name.size());
+    blob += name;
+    put(b.size());
+    blob += b;
+  }
+  return blob;
+}
+
+// Writes the files of a blob into `dir`; throws DataLossError for a malformed blob.
+void unpack_snapshot(const uint8_t* blob, size_t size, const fs::path& dir) {
+  size_t at = 0;
+  const auto get = [&](const char* what) {
+    uint64_t v = 0;
+    if (at + 8 > size) {
+      throw DataLossError(
+          str_cat("the broadcast snapshot is truncated at byte ", at, " (", what, ")"));
+    }
+    std::memcpy(&v, blob + at, 8);
+    at += 8;
+    return v;
+  };
+  fs::create_directories(dir);
+  while (at < size) {
+    const uint64_t n = get("a name's length");
+    if (at + n > size) throw DataLossError("the broadcast snapshot is truncated (a name)");
+    const std::string name(reinterpret_cast<const char*>(blob + at), n);
+    at += n;
+    if (name.find('/') != std::string::npos || name.empty() || name[0] == '.') {
+      throw DataLossError(str_cat("the broadcast snapshot names a file '", name, "'"));
+    }
+    const uint64_t bytes = get("a file's size");
+    if (at + bytes > size) {
+      throw DataLossError(str_cat("the broadcast snapshot's ", name, " is truncated"));
+    }
+    std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(blob + at), static_cast<std::streamsize>(bytes));
+    out.close();
+    if (!out) throw ResourceExhaustedError(str_cat("cannot write ", (dir / name).string()));
+    at += bytes;
+  }
+}
+
+// Tells the launcher where this newcomer's state came from (snapshot_restore/<gen>/<rank>, an
+// event in its log). Best effort.
+void report_snapshot_source(const nlohmann::json& report) {
+  try {
+    if (!distribute::LauncherEnv::present()) return;
+    const distribute::LauncherEnv env = distribute::LauncherEnv::from_environment();
+    if (!env.master) return;
+    distribute::CoordinationClient client(
+        env.master->to_string(),
+        {.connect_timeout = std::chrono::seconds(5), .rpc_timeout = std::chrono::seconds(5)});
+    // A survivor's report names the generation it joined (its environment names its first).
+    const int64_t generation = report.value("generation", env.generation);
+    client.set(str_cat("snapshot_restore/", generation, "/", env.rank), report.dump());
+  } catch (const Error& e) {
+    std::cerr << "BackupAndRestore: could not report the snapshot's source to the launcher: "
+              << e.what() << "\n";
+  }
+}
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -52,6 +148,8 @@ NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
     next.generation = j.at("generation").get<int64_t>();
     next.restore = j.at("restore").get<std::string>();
     next.source = j.value("source", std::string());
+    next.state_root = j.value("state_root", -1);
+    next.announced_at = monotonic_seconds();
   } catch (const std::exception&) {
     throw DataLossError(str_cat("fit: the launcher's announcement ", key, " = '", text,
                                 "' is not {\"generation\", \"restore\", \"source\"}"));
@@ -62,6 +160,7 @@ NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
 }
 
 void MemorySnapshots::roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next) {
+  const double rejoined = monotonic_seconds();  // the new generation's collectives connected
   // Every write in flight lands (or fails) before the state is replaced under it.
   if (manager_) {
     try {
@@ -77,6 +176,15 @@ void MemorySnapshots::roll_back(checkpoint::Checkpoint& ckpt, const NextGenerati
                                 "snapshot ", next.restore, ": ", e.what()));
   }
   last_ = -1;
+  to_share_ = next;
+  // A survivor's phases, sent after its first step in the new generation (after_step).
+  report_ = nlohmann::json{{"source", "local_memory"},
+                           {"survivor", true},
+                           {"generation", next.generation},
+                           {"checkpoint", fs::path(next.restore).filename().string()},
+                           {"announced", next.announced_at},
+                           {"rejoined", rejoined},
+                           {"rolled_back", monotonic_seconds()}};
   std::cerr << "BackupAndRestore: rolled back to "
             << std::filesystem::path(next.restore).filename().string() << " from "
             << (next.source.empty() ? "the launcher's memory" : next.source)
@@ -118,6 +226,9 @@ MemorySnapshots::~MemorySnapshots() {
 }
 
 void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Trackable>> children) {
+  for (const auto& [name, t] : children) {
+    if (name == "metric_states") metric_states_ = t;
+  }
   // tmpfs: nothing to fsync. Two snapshots in flight at most; the third waits (the training
   // thread only waits when the writer falls two snapshots behind).
   ckpt_ = std::make_unique<checkpoint::Checkpoint>(
@@ -148,7 +259,110 @@ std::optional<std::string> MemorySnapshots::restore_agreed(checkpoint::Checkpoin
   return std::string(path);
 }
 
+std::optional<int> MemorySnapshots::broadcast_root() {
+  const char* v = std::getenv(kEnvSnapshotBroadcastRoot);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  try {
+    size_t used = 0;
+    const int root = std::stoi(v, &used);
+    if (used == std::string(v).size() && root >= 0) return root;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgumentError(
+      str_cat(kEnvSnapshotBroadcastRoot, "='", v, "': expected a rank (an integer >= 0)"));
+}
+
+void MemorySnapshots::share_state(distribute::Collectives& collectives) {
+  if (!to_share_ || to_share_->state_root < 0) return;
+  const int root = to_share_->state_root;
+  const bool sender = collectives.rank() == root;
+  std::string blob;
+  if (sender) blob = pack_snapshot(to_share_->restore);
+  Tensor size(DType::kInt64, Shape{1});
+  size.data<int64_t>()[0] = sender ? (blob.empty() ? -1 : static_cast<int64_t>(blob.size())) : 0;
+  std::vector<Tensor> header{size};
+  collectives.broadcast(header, root);
+  const int64_t n = header[0].data<int64_t>()[0];
+  if (n > 0) {
+    // Every member takes part; the other survivors hold the state already and drop the copy.
+    std::vector<Tensor> body{Tensor(DType::kUInt8, Shape{n})};
+    if (sender) std::memcpy(body[0].raw_data(), blob.data(), blob.size());
+    collectives.broadcast(body, root);
+  }
+  if (sender) {
+    std::cerr << "BackupAndRestore: "
+              << (n > 0 ? str_cat("sent ", fs::path(to_share_->restore).filename().string(), " (",
+                                  n, " bytes) to the generation's newcomers by broadcast")
+                        : str_cat("cannot read ", to_share_->restore,
+                                  "; the newcomers restore from their launcher's memory"))
+              << "\n";
+  }
+  if (report_) (*report_)["shared"] = monotonic_seconds();
+  to_share_.reset();
+}
+
+std::optional<std::string> MemorySnapshots::receive_state(checkpoint::Checkpoint& ckpt,
+                                                          distribute::Collectives& collectives,
+                                                          bool rank_independent) {
+  const char* own = std::getenv(kEnvSnapshotRestore);
+  const std::optional<int> root = broadcast_root();
+  if (!root || own == nullptr || *own == '\0' || restored.load()) return restore_agreed(ckpt);
+  const double started = monotonic_seconds();
+  std::vector<Tensor> header{Tensor(DType::kInt64, Shape{1})};
+  header[0].data<int64_t>()[0] = 0;
+  collectives.broadcast(header, *root);
+  const int64_t n = header[0].data<int64_t>()[0];
+  if (n <= 0) {
+    std::cerr << "BackupAndRestore: rank " << *root << " could not send the agreed snapshot; "
+              << "restoring it from the launcher's memory\n";
+    return restore_agreed(ckpt);
+  }
+  std::vector<Tensor> body{Tensor(DType::kUInt8, Shape{n})};
+  collectives.broadcast(body, *root);
+  const double received = monotonic_seconds();
+  restored = true;
+  const std::string base = fs::path(own).filename().string();
+  // The checkpoint reader takes files: a private directory beside this rank's snapshots (tmpfs,
+  // RAM), removed at once. The reader checks every tensor's CRC-32C.
+  const fs::path scratch = fs::path(dir_) / str_cat(".received-", ::getpid());
+  try {
+    unpack_snapshot(body[0].data<uint8_t>(), static_cast<size_t>(n), scratch);
+    ckpt.restore((scratch / base).string()).assert_existing_objects_matched();
+    if (!rank_independent && metric_states_) {
+      // The epoch's partial metric sums are this rank's own (each worker sums its shard).
+      checkpoint::Checkpoint mine({{"metric_states", *metric_states_}});
+      mine.restore(own).expect_partial();
+    }
+  } catch (const Error& e) {
+    std::error_code ec;
+    fs::remove_all(scratch, ec);
+    throw DataLossError(str_cat("BackupAndRestore: cannot restore ", base, " received from rank ",
+                                *root, ": ", e.what()));
+  }
+  std::error_code ec;
+  fs::remove_all(scratch, ec);
+  const double done = monotonic_seconds();
+  std::cerr << "BackupAndRestore: restored " << base << " received from rank " << *root
+            << " (a survivor) by broadcast (" << n << " bytes)\n";
+  // Sent after this worker's first step (after_step), with its time: the phases of the
+  // recovery on one clock (CLOCK_MONOTONIC, the launcher's too).
+  report_ = nlohmann::json{{"source", "survivor"}, {"from_rank", *root}, {"checkpoint", base},
+                           {"bytes", n},           {"started", started}, {"received", received},
+                           {"restored", done}};
+  if (const char* at = std::getenv(kEnvStandbyAssignedAt)) {
+    try {
+      (*report_)["assigned"] = std::stod(at);
+    } catch (const std::exception&) {
+    }
+  }
+  return std::string(own);
+}
+
 void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
+  if (report_) {
+    (*report_)["first_step"] = monotonic_seconds();
+    report_snapshot_source(*std::exchange(report_, std::nullopt));
+  }
   if (!manager_) return;
   const int64_t step = ts.optimizer->iterations();
   if (step == last_ || step % every_ != 0) return;
@@ -160,6 +374,7 @@ void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
 }
 
 void MemorySnapshots::end() {
+  if (report_) report_snapshot_source(*std::exchange(report_, std::nullopt));
   if (!manager_) return;
   try {
     manager_->sync();

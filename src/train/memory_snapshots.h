@@ -9,7 +9,11 @@
 //                            fails keeps its process and waits for the next generation, which
 //                            its launcher announces on the coordination service under
 //                            dtrain/<run>/launch/g<gen>/next/<rank> (survivor_announcement_key)
-//                            as JSON {"generation", "restore", "source"}
+//                            as JSON {"generation", "restore", "source", "state_root"}
+//   DTRAIN_SNAPSHOT_BROADCAST_ROOT  a newcomer (a restarted worker or a spare) of a survivors
+//                            recovery: the surviving rank that broadcasts the agreed snapshot over
+//                            the new generation's collectives (DTRAIN_SNAPSHOT_RESTORE, this
+//                            rank's copy in the launcher's memory, is the fallback)
 // A snapshot is a TensorFlow-format checkpoint over the very objects a backup tracks (so it
 // restores exactly what a backup restores), written through an async Checkpoint: the training
 // thread copies the values (the copy is isolated from later updates) and a writer thread writes
@@ -20,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
@@ -27,6 +32,10 @@
 
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/checkpoint_manager.h"
+
+namespace dtrain::distribute {
+class Collectives;
+}
 
 namespace dtrain::train {
 
@@ -38,6 +47,9 @@ inline constexpr const char* kEnvSnapshotEvery = "DTRAIN_SNAPSHOT_EVERY";
 inline constexpr const char* kEnvSnapshotRestore = "DTRAIN_SNAPSHOT_RESTORE";
 inline constexpr const char* kEnvSnapshotSource = "DTRAIN_SNAPSHOT_SOURCE";
 inline constexpr const char* kEnvOnFailure = "DTRAIN_ON_FAILURE";
+inline constexpr const char* kEnvSnapshotBroadcastRoot = "DTRAIN_SNAPSHOT_BROADCAST_ROOT";
+// Set by a spare when its assignment arrived (train/standby.h): CLOCK_MONOTONIC seconds.
+inline constexpr const char* kEnvStandbyAssignedAt = "DTRAIN_STANDBY_ASSIGNED_AT";
 
 // Where the launcher announces the generation after `generation` to the surviving worker `rank`.
 std::string survivor_announcement_key(const std::string& run_id, int64_t generation, int rank);
@@ -45,8 +57,10 @@ std::string survivor_announcement_key(const std::string& run_id, int64_t generat
 // What a surviving worker is told: the generation to join and the snapshot to roll back to.
 struct NextGeneration {
   int64_t generation = 0;
-  std::string restore;  // checkpoint prefix of the agreed snapshot (in the launcher's tmpfs)
-  std::string source;   // where it came from, for the log
+  std::string restore;      // checkpoint prefix of the agreed snapshot (in the launcher's tmpfs)
+  std::string source;       // where it came from, for the log
+  int state_root = -1;      // the survivor that broadcasts the snapshot to the newcomers; -1: none
+  double announced_at = 0;  // when it came (CLOCK_MONOTONIC seconds), for the phases' report
 };
 
 class MemorySnapshots {
@@ -81,6 +95,23 @@ class MemorySnapshots {
   // for the pending snapshot writes, restores `prefix` into `ckpt`, and continues the schedule
   // from its step. Throws DataLossError naming the snapshot when it cannot be restored.
   void roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next);
+  // A survivor after roll_back() (and the seed agreement a fresh fit() runs first): takes part in
+  // the broadcast of the agreed snapshot to the newcomers of the generation (as the root when
+  // the announcement names this rank). No-op when the announcement names no root. Throws the
+  // collective's errors (a peer failed again: the caller waits for the next generation).
+  void share_state(distribute::Collectives& collectives);
+  // A newcomer (DTRAIN_SNAPSHOT_BROADCAST_ROOT set): receives the agreed snapshot from the
+  // surviving root over `collectives` and restores it into `ckpt`; this rank's own parts (the
+  // epoch's partial metric sums, rank-specific unless `rank_independent`) are then read from
+  // this rank's copy in the launcher's memory. Reports the source to the launcher
+  // (snapshot_restore/<gen>/<rank>). Falls back to restore_agreed() when the root could not
+  // read its copy. Returns the restored prefix, or nullopt as restore_agreed(). Throws
+  // DataLossError naming the snapshot when it cannot be restored, and the collective's errors.
+  std::optional<std::string> receive_state(checkpoint::Checkpoint& ckpt,
+                                           distribute::Collectives& collectives,
+                                           bool rank_independent);
+  // The survivor that broadcasts the state to this newcomer, when the launcher named one.
+  static std::optional<int> broadcast_root();
   // After a step: at a snapshot step, captures `backups`' state and hands it to the writer.
   void after_step(BackupAndRestore& backups, TrainingState& ts);
   // Waits for the pending writes (errors are warned about: a snapshot never stops training).
@@ -92,6 +123,9 @@ class MemorySnapshots {
   int64_t last_ = -1;  // the newest global step snapshotted
   std::unique_ptr<checkpoint::Checkpoint> ckpt_;
   std::unique_ptr<checkpoint::CheckpointManager> manager_;
+  std::optional<checkpoint::Trackable> metric_states_;  // the rank's own part of a snapshot
+  std::optional<NextGeneration> to_share_;  // a survivor's announcement, until share_state()
+  std::optional<nlohmann::json> report_;    // a newcomer's snapshot_restore report, until sent
 };
 
 }  // namespace dtrain::train

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -51,6 +52,7 @@ std::optional<StandbyAssignment> await_standby_assignment() {
   const std::string key = required(kEnvSpareKey);
   StandbyAssignment a{.spare = id};
   std::vector<std::string> unset, set;
+  auto assigned = std::chrono::steady_clock::now();
   {
     distribute::CoordinationClient client(
         service, {.connect_timeout = std::chrono::seconds(30),
@@ -63,6 +65,7 @@ std::optional<StandbyAssignment> await_standby_assignment() {
     while (text.empty()) {
       try {
         text = client.get(key + "/assign", kWaitChunk);
+        assigned = std::chrono::steady_clock::now();
       } catch (const DeadlineExceededError&) {
         // Nobody failed for an hour: keep standing by.
       }
@@ -85,6 +88,12 @@ std::optional<StandbyAssignment> await_standby_assignment() {
                  "', not NAME=value");
     ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
   }
+  // When the assignment arrived, for the newcomer's report of the recovery's phases
+  // (memory_snapshots.h: DTRAIN_STANDBY_ASSIGNED_AT, CLOCK_MONOTONIC seconds).
+  ::setenv(
+      "DTRAIN_STANDBY_ASSIGNED_AT",
+      std::to_string(std::chrono::duration<double>(assigned.time_since_epoch()).count()).c_str(),
+      1);
   ::unsetenv(kEnvSpare);
   ::unsetenv(kEnvSpareService);
   ::unsetenv(kEnvSpareKey);

@@ -2,11 +2,13 @@
 // MultiWorkerMirrored fits (the fit_worker program) under a real launcher on 127.0.0.1 with K
 // standby spares, whose workers are SIGKILLed at random moments. A ready spare (data made, model
 // built, connected to the coordination service, blocked on it) takes over each killed rank instead
-// of a new process: it restores the agreed snapshot from the launcher's tmpfs and joins the
-// survivors, which keep their processes. A spare killed while it stands by is replaced without
-// touching the job; with no spare ready the failed rank is restarted as before. Every job must end
-// with weights and optimizer state bitwise equal to an uninterrupted run. DTRAIN_CHAOS_TRIALS=N
-// sets the number of kills of the random-kill test (default 6; the full run is 20).
+// of a new process: it joins the survivors, which keep their processes, and receives the agreed
+// snapshot from a survivor by broadcast over the new generation's collectives (the launcher's
+// tmpfs copy is the fallback, checked with the broadcast switched off). A spare killed while it
+// stands by is replaced without touching the job; with no spare ready the failed rank is restarted
+// as before. Every job must end with weights and optimizer state bitwise equal to an uninterrupted
+// run. DTRAIN_CHAOS_TRIALS=N sets the number of kills of the random-kill test (default 6; the
+// issue's full run is 20).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -105,7 +107,27 @@ class LaunchSpares : public ::testing::Test {
                           {"--on-failure", mode, "--snapshot-every", "3", "--snapshot-root",
                            dir_ + "/shm", "--spares", std::to_string(spares)},
                           dir_ + "/events.jsonl", worker(dir_ + "/out.bin", true, extra)),
-                 {}, dir_ + "/job.log");
+                 launcher_env(), dir_ + "/job.log");
+  }
+
+  // The launcher's environment: DTRAIN_LAUNCH_STATE_BROADCAST (0 switches the survivors'
+  // broadcast off) from the test's own, to check that the assertions on it can fail, or set.
+  std::map<std::string, std::string> launcher_env() const {
+    std::map<std::string, std::string> env;
+    if (const char* v = std::getenv("DTRAIN_LAUNCH_STATE_BROADCAST")) {
+      env["DTRAIN_LAUNCH_STATE_BROADCAST"] = v;
+    }
+    if (broadcast_off_) env["DTRAIN_LAUNCH_STATE_BROADCAST"] = "0";
+    return env;
+  }
+
+  // The snapshot_restore events of newcomers that received their state from a survivor.
+  std::vector<nlohmann::json> from_survivors() const {
+    std::vector<nlohmann::json> out;
+    for (const auto& e : of_kind(all_events(), "snapshot_restore")) {
+      if (e.value("source", "") == "survivor") out.push_back(e);
+    }
+    return out;
   }
 
   // The event log so far (read while the launcher writes it: a line not yet complete is left
@@ -202,8 +224,16 @@ class LaunchSpares : public ::testing::Test {
       for (pid_t v : pick) {
         if (kill(v, SIGKILL) == 0) ++kills;
       }
+      const size_t recovered_before = of_kind(all_events(), "recovered").size();
       expect = trained_before + static_cast<int>(victims);
       if (!wait_for_state(p, n, expect, 0)) break;
+      // The next kill only once the launcher recorded this recovery (it sees the first step at
+      // its monitor period; a kill before that would supersede it).
+      const auto deadline = Clock::now() + std::chrono::seconds(30);
+      while (Clock::now() < deadline &&
+             of_kind(all_events(), "recovered").size() <= recovered_before) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       const std::vector<pid_t> after = workers(p);
       const bool kept = std::all_of(before.begin(), before.end(), [&](pid_t b) {
         return std::find(pick.begin(), pick.end(), b) != pick.end() ||
@@ -277,12 +307,39 @@ class LaunchSpares : public ::testing::Test {
       EXPECT_EQ(all_to_spares, rounds) << log_tail(log);
       EXPECT_EQ(spare_recoveries, rounds) << log_tail(log);
     }
-    // The spares restored the agreed snapshot from the launcher's memory, as a restarted worker.
+    // Each spare received the agreed snapshot from a survivor by broadcast (not from the
+    // launcher's memory): a snapshot_restore event with source "survivor" for its rank, in the
+    // generation it joined, naming a survivor.
     EXPECT_NE(log.find("takes over rank"), std::string::npos) << log_tail(log);
-    EXPECT_NE(log.find("(no disk read)"), std::string::npos) << log_tail(log);
+    const auto received = from_survivors();
+    for (const auto& e : received) {
+      std::printf("%s\n", e.value("message", "").c_str());
+      EXPECT_NE(e.value("from_rank", "-1"), std::to_string(e.value("rank", -1))) << e.dump();
+    }
+    // Every generation that recovered with spares (a generation that failed again while it
+    // formed may end before its spare restored).
+    int checked = 0;
+    for (const auto& e : of_kind(all, "recovered")) {
+      if (e.value("mode", "") != "spares") continue;
+      for (const auto& t : of_kind(all, "spare_takeover")) {
+        if (t.value("generation", 0) != e.value("generation", 0)) continue;
+        const bool found = std::any_of(received.begin(), received.end(), [&](const auto& r) {
+          return r.value("generation", 0) == t.value("generation", 0) &&
+                 r.value("rank", -1) == t.value("rank", -2);
+        });
+        ++checked;
+        EXPECT_TRUE(found) << "the spare that took rank " << t.value("rank", -1)
+                           << " did not receive its state from a survivor\n"
+                           << t.dump() << "\n"
+                           << log_tail(log);
+      }
+    }
+    EXPECT_GE(checked, 1) << log_tail(log);
+    EXPECT_NE(log.find("(a survivor) by broadcast"), std::string::npos) << log_tail(log);
   }
 
   std::string dir_;
+  bool broadcast_off_ = false;
   int kept_ = 0, lost_ = 0, taken_ = 0;
 };
 
@@ -369,6 +426,25 @@ TEST_F(LaunchSpares, RestartAllTakesTheReadySpare) {
   const auto recovered = of_kind(all_events(), "recovered");
   ASSERT_EQ(static_cast<int>(recovered.size()), kills);
   for (const auto& e : recovered) EXPECT_EQ(e.value("spares", ""), "1") << e.dump();
+}
+
+// With the survivors' broadcast switched off (DTRAIN_LAUNCH_STATE_BROADCAST=0), the spares
+// restore the agreed snapshot from the launcher's memory instead; the job still ends bitwise,
+// and no state came from a survivor (what the other tests assert is then false).
+TEST_F(LaunchSpares, WithoutTheBroadcastSparesRestoreFromTheLaunchersMemory) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  broadcast_off_ = true;
+  Process p = start(2, 1);
+  std::mt19937 rng(31);
+  const int kills = kill_rounds(p, 2, 1, 2, 1, rng, 50, 250);
+  ASSERT_EQ(kills, 2) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  EXPECT_EQ(taken_, kills) << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_TRUE(from_survivors().empty()) << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_NE(read_file(dir_ + "/job.log").find("from local memory (node 0) (no disk read)"),
+            std::string::npos)
+      << log_tail(read_file(dir_ + "/job.log"));
 }
 
 // --spares is checked before anything starts, naming the flag.

@@ -3,9 +3,10 @@
 // workers are SIGKILLed at random moments — one at a time, and two at once. Only the killed
 // workers are started again; the others catch the collective error inside fit, keep their
 // process, join the next generation's fresh Gloo context and roll back to the newest snapshot
-// every rank holds. Each job must end with weights and optimizer state bitwise equal to an
-// uninterrupted run, and the survivors' pids must not change across a failure; also with sharded
-// optimizer state (ZeRO).
+// every rank holds; the restarted workers receive that snapshot from a survivor by broadcast
+// over the new generation's collectives. Each job must end with weights and optimizer state bitwise
+// equal to an uninterrupted run, and the survivors' pids must not change across a failure; also
+// with sharded optimizer state (ZeRO).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -105,7 +106,17 @@ class LaunchSurvivors : public ::testing::Test {
         launcher(workers,
                  {"--on-failure", mode, "--snapshot-every", "3", "--snapshot-root", dir_ + "/shm"},
                  dir_ + "/events.jsonl", worker(dir_ + "/out.bin", true, extra)),
-        {}, dir_ + "/job.log");
+        launcher_env(), dir_ + "/job.log");
+  }
+
+  // DTRAIN_LAUNCH_STATE_BROADCAST (0: the survivors' broadcast is off) from the test's own
+  // environment, to check that the assertions on the broadcast can fail.
+  static std::map<std::string, std::string> launcher_env() {
+    std::map<std::string, std::string> env;
+    if (const char* v = std::getenv("DTRAIN_LAUNCH_STATE_BROADCAST")) {
+      env["DTRAIN_LAUNCH_STATE_BROADCAST"] = v;
+    }
+    return env;
   }
 
   // Processes of the job that have trained a step: each fit_worker prints "first step done"
@@ -157,8 +168,16 @@ class LaunchSurvivors : public ::testing::Test {
         if (kill(v, SIGKILL) == 0) ++kills;
       }
       // Training again: the restarted workers took a step (all of them after a restart-all).
+      const size_t recovered_before = of_kind(events(dir_ + "/events.jsonl"), "recovered").size();
       expect = trained_before + static_cast<int>(victims);
       if (!wait_trained(p, workers, expect)) break;
+      // The next kill only once the launcher recorded this recovery (it sees the first step at
+      // its monitor period; a kill before that would supersede it).
+      const auto deadline = Clock::now() + std::chrono::seconds(30);
+      while (Clock::now() < deadline &&
+             of_kind(events(dir_ + "/events.jsonl"), "recovered").size() <= recovered_before) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       const std::vector<pid_t> after = children(p.pid);
       const bool kept = std::all_of(before.begin(), before.end(), [&](pid_t b) {
         return std::find(pick.begin(), pick.end(), b) != pick.end() ||
@@ -204,6 +223,36 @@ class LaunchSurvivors : public ::testing::Test {
       if (e.value("mode", "") == "survivors") ++survivor_recoveries;
     }
     EXPECT_GE(survivor_recoveries, 1) << tail(log);
+    // Each restarted worker of a generation that recovered with survivors received its state
+    // from a survivor by broadcast (a snapshot_restore event with source "survivor" for its
+    // rank), not from the launcher's memory.
+    int checked = 0;
+    for (const auto& r : of_kind(all, "recovered")) {
+      if (r.value("mode", "") != "survivors") continue;
+      const int64_t g = r.value("generation", int64_t{0});
+      for (const auto& e : continued) {
+        if (e.value("generation", int64_t{0}) != g) continue;
+        // "restarted": "1 (pid 123), 2 (pid 456)"
+        std::istringstream in(e.value("restarted", ""));
+        std::string item;
+        while (std::getline(in, item, ')')) {
+          const size_t digit = item.find_first_of("0123456789");
+          if (digit == std::string::npos) continue;
+          const int rank = std::stoi(item.substr(digit));
+          bool found = false;
+          for (const auto& s : of_kind(all, "snapshot_restore")) {
+            found |= s.value("generation", int64_t{0}) == g && s.value("rank", -1) == rank &&
+                     s.value("source", "") == "survivor" &&
+                     s.value("from_rank", "") != std::to_string(rank);
+          }
+          ++checked;
+          EXPECT_TRUE(found) << "restarted rank " << rank << " of generation " << g
+                             << " did not receive its state from a survivor\n"
+                             << tail(log);
+        }
+      }
+    }
+    EXPECT_GE(checked, 1) << tail(log);
   }
 
   std::string dir_;

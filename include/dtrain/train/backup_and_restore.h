@@ -66,6 +66,10 @@ class BackupAndRestore : public Callback {
   // loop that position. False when this worker does not survive failures (another mode, no
   // snapshots, no multi-worker strategy, or the collectives did not fail): the caller rethrows.
   bool rejoin_after_failure();
+  // A survivor, right after rejoin_after_failure() and the collectives a fresh fit() runs before
+  // it restores: broadcasts the agreed snapshot to the newcomers (restarted workers, spares),
+  // which receive it in on_train_begin. Throws the collectives' errors.
+  void share_state_after_rejoin();
 
   // The checkpoint restored at the start of the last fit(), if any.
   const std::optional<std::string>& restored_from() const { return restored_from_; }

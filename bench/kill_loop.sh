@@ -19,6 +19,8 @@
 # 4 heads, context 64, global batch 16, AdamW, global_clipnorm 1.0, STEPS steps per epoch,
 # default 100; accuracy = the final validation accuracy), torchrun's rows the same GPT's
 # (bench/torch_elastic.py lm).
+# The second uninterrupted row takes snapshots every S steps: its wall time against the first is
+# the snapshots' overhead (one round: compare only when the difference is above the noise).
 # Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10] [max_kills=0: no cap]
 # (after scripts/build.sh). On a loaded machine, where a restart of every worker can take longer
 # than the period (the job then never gets past it), cap the kills to compare the cost per failure.
@@ -91,6 +93,7 @@ run() {
 }
 
 read -r t0 _ a0 _ _ < <(run clean 0 0)
+read -r t0s _ _ _ _ < <(run clean_snapshots "$every" 0)
 read -r td kd ad ld rd < <(run disk 0 1)
 read -r tm km am lm rm < <(run memory "$every" 1)
 read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
@@ -104,6 +107,8 @@ echo "job: $job; load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPRO
 printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failure lost_steps \
   recovery_s accuracy
 printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "uninterrupted" "$t0" 0 "100.0%" - - - "$a0"
+printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "uninterrupted, snapshots every $every" "$t0s" 0 \
+  "$(echo "100 * $t0 / $t0s" | bc -l | xargs printf '%.1f%%')" - - - -
 for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad" \
   "memory (snapshots every $every)|$tm|$km|$lm|$rm|$am" \
   "survivors (snapshots every $every)|$ts|$ks|$ls|$rs|$as" \

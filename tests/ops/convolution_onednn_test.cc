@@ -11,16 +11,12 @@
 #include "dtrain/ops/convolution.h"
 #include "dtrain/ops/gemm.h"
 #include "testutil/count_new.h"
+#include "testutil/random_tensor.h"
 
 namespace dtrain::ops {
 namespace {
 
-Tensor random_tensor(const Shape& shape, uint64_t seed) {
-  Philox rng(seed);
-  Tensor t(shape);
-  for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = rng.uniform(-1.0f, 1.0f);
-  return t;
-}
+using testutil::random_tensor;
 
 struct Case {
   Shape x, w;

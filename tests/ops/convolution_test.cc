@@ -16,16 +16,12 @@
 #include "dtrain/ops/pooling.h"
 #include "testutil/count_new.h"
 #include "testutil/expect_throws.h"
+#include "testutil/random_tensor.h"
 
 namespace dtrain::ops {
 namespace {
 
-Tensor random_tensor(const Shape& shape, uint64_t seed) {
-  Philox rng(seed);
-  Tensor t(shape);
-  for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = rng.uniform(-1.0f, 1.0f);
-  return t;
-}
+using testutil::random_tensor;
 
 struct Ref {
   int64_t pt, pl, oh, ow;

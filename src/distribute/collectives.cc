@@ -79,6 +79,7 @@ struct Collectives::Impl {
   // Every worker on this host: the collectives run here instead (null otherwise).
   std::unique_ptr<ShmTransport> shm;
   std::vector<ShmTransport::Segment> segments;  // all_reduce's bucket, without the copy
+  std::vector<char> gathered;                   // a scattered all_gather_v's over Gloo
   bool broken = false;
 
   std::string peers_text() const {
@@ -565,6 +566,29 @@ void Collectives::all_gather_v(const void* local, void* out,
     opts.setTimeout(m.options.timeout);
     gloo::allgatherv(opts);
   });
+}
+
+void Collectives::all_gather_v(const void* local, std::span<const std::span<std::byte>> out,
+                               std::span<const size_t> bytes_per_rank) {
+  DTRAIN_CHECK(static_cast<int>(bytes_per_rank.size()) == size(),
+               "all_gather_v: ", bytes_per_rank.size(), " sizes for ", size(), " workers");
+  size_t total = 0, room = 0;
+  for (size_t b : bytes_per_rank) total += b;
+  for (const std::span<std::byte>& o : out) room += o.size();
+  DTRAIN_CHECK(room == total, "all_gather_v: the output ranges hold ", room, " bytes, the ranks ",
+               total);
+  Impl& m = *impl_;
+  if (size() > 1 && total > 0 && m.shm) {
+    m.guarded("all_gather_v", [&] { m.shm->all_gather_v(local, out, bytes_per_rank); });
+    return;
+  }
+  m.gathered.resize(total);
+  all_gather_v(local, m.gathered.data(), bytes_per_rank);
+  size_t at = 0;
+  for (const std::span<std::byte>& o : out) {
+    if (!o.empty()) std::memcpy(o.data(), m.gathered.data() + at, o.size());
+    at += o.size();
+  }
 }
 
 void Collectives::barrier() {

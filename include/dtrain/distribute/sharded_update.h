@@ -95,9 +95,12 @@ class ShardedOptimizerUpdate {
   };
   std::vector<PieceTemplate> templates_;
   std::vector<OrderedPiece> pieces_;
-  std::vector<float> local_, flat_;  // all-gather buffers
-  std::vector<size_t> shard_bytes_;  // per rank
-  bool sharded_ = false;             // the optimizer holds shard slots (not full ones)
+  std::vector<float> local_, flat_;  // gather_slots' buffers
+  // This worker's shard variables, end to end (they are views of it): what apply() all-gathers.
+  Tensor shard_flat_;
+  std::vector<std::span<std::byte>> var_bytes_;  // the variables' storage, apply()'s output
+  std::vector<size_t> shard_bytes_;              // per rank
+  bool sharded_ = false;                         // the optimizer holds shard slots (not full ones)
   // Clipping by norm only: this worker's and every row's Σ g², each row's variable, bytes of row
   // sums per rank, each variable's squared norm, each shard variable's scale.
   std::vector<double> local_rows_, all_rows_;

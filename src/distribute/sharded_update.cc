@@ -17,6 +17,11 @@ Shape rows_shape(const Shape& s, int64_t rows) {
   return s.rank() == 0 ? s : s.without_first().with_first(rows);
 }
 
+// Rows [s.row_begin, s.row_end) of `t`, a view of its buffer (a scalar: all of it).
+Tensor rows_view(const Tensor& t, const RowSlice& s) {
+  return t.rank() == 0 ? t.reshape(t.shape()) : t.slice(s.row_begin, s.row_end);
+}
+
 }  // namespace
 
 ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
@@ -47,16 +52,12 @@ ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
   if (stage_ == 1) {
     for (Variable* v : vars_) full_grads_.push_back(Tensor(v->shape()));
   }
-  // The shard variables are views of one buffer, which apply() all-gathers without a copy.
-  shard_flat_ = Tensor(Shape{partition_.shard_elements(rank_)});
-  int64_t at = 0;
+  // The shard variables are views of this worker's rows of the variables: the optimizer updates
+  // them in place, and apply() all-gathers the other workers' rows around them.
   for (const RowSlice& s : partition_.shards[rank_]) {
     Variable& v = *vars_[s.variable];
     const Shape shape = rows_shape(v.shape(), s.row_end - s.row_begin);
-    const int64_t count = shape.num_elements();
-    auto shard = std::make_unique<Variable>(
-        v.name(), shard_flat_.slice(at, at + count).reshape(shape), /*trainable=*/true);
-    at += count;
+    auto shard = std::make_unique<Variable>(v.name(), rows_view(v.tensor(), s), /*trainable=*/true);
     shard_ptrs_.push_back(shard.get());
     shard_vars_.push_back(std::move(shard));
     // Stage 1 holds the whole sum: the shard's gradient is a view of its rows there.
@@ -164,14 +165,14 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
         "shard_optimizer_state: gradient ", v, " is ", grads[v].to_string(0));
   }
   if (!sharded_) shard_slots();
-  // This worker's rows as the variables hold them now (a rollback or restore may have set them).
+  // The shard variables view the variables' current storage (a restore may have replaced it).
   const std::vector<RowSlice>& mine = partition_.shards[rank_];
   for (size_t i = 0; i < mine.size(); ++i) {
-    const Variable& v = *vars_[mine[i].variable];
-    const int64_t row = v.shape().num_elements() / std::max<int64_t>(1, rows_of(v.shape()));
-    std::memcpy(shard_vars_[i]->tensor().data<float>(),
-                v.tensor().data<float>() + mine[i].row_begin * row,
-                shard_vars_[i]->tensor().nbytes());
+    const Tensor& v = vars_[mine[i].variable]->tensor();
+    const int64_t row = v.num_elements() / std::max<int64_t>(1, rows_of(v.shape()));
+    if (shard_vars_[i]->tensor().data<float>() != v.data<float>() + mine[i].row_begin * row) {
+      shard_vars_[i]->tensor() = rows_view(v, mine[i]);
+    }
   }
   pieces_.clear();
   for (const PieceTemplate& t : templates_) {
@@ -272,13 +273,13 @@ void ShardedOptimizerUpdate::apply() {
     optimizer_.update_part(shard_grads_, shard_ptrs_, 0, 1);
   }
   optimizer_.finish_update();  // every worker counts the step, with or without rows
-  // The shards are consecutive rows of the variables taken end to end: every rank's updated rows
-  // land straight in the variables (read now: a restore may have replaced their storage).
+  // The shards are consecutive rows of the variables taken end to end, and this worker's were
+  // updated in place: the other ranks' rows land straight in the variables around them.
   for (size_t v = 0; v < vars_.size(); ++v) {
     Tensor& t = vars_[v]->tensor();
     var_bytes_[v] = {static_cast<std::byte*>(t.raw_data()), t.nbytes()};
   }
-  collectives_.all_gather_v(shard_flat_.raw_data(), var_bytes_, shard_bytes_);
+  collectives_.all_gather_v(nullptr, var_bytes_, shard_bytes_);
 }
 
 void ShardedOptimizerUpdate::gather_slots() {

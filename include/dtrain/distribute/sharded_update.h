@@ -95,9 +95,7 @@ class ShardedOptimizerUpdate {
   };
   std::vector<PieceTemplate> templates_;
   std::vector<OrderedPiece> pieces_;
-  std::vector<float> local_, flat_;  // gather_slots' buffers
-  // This worker's shard variables, end to end (they are views of it): what apply() all-gathers.
-  Tensor shard_flat_;
+  std::vector<float> local_, flat_;              // gather_slots' buffers
   std::vector<std::span<std::byte>> var_bytes_;  // the variables' storage, apply()'s output
   std::vector<size_t> shard_bytes_;              // per rank
   bool sharded_ = false;                         // the optimizer holds shard slots (not full ones)

@@ -183,8 +183,9 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
                        .owner = t.owner,
                        .keep = t.keep});
   }
-  // The float32 extras (the step's flags) ride the gradients' reduction: each piece is summed in
-  // its owner's order however the pieces are grouped, so one collective gives the same bits.
+  // The extras (the step's flags, moving statistics) in collectives of their own, after the
+  // gradients. (Riding the gradients' reduction gives the same sums, but broke the survivors'
+  // bitwise rejoin of launch_survivors_test; not understood yet, so left as it was.)
   const auto extra_pieces = [&](DType d) {
     const size_t elem = dtype_size(d);
     for (size_t k = 0; k < extra_.size(); ++k) {
@@ -198,8 +199,10 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
       }
     }
   };
-  extra_pieces(DType::kFloat32);
   collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
+  pieces_.clear();
+  extra_pieces(DType::kFloat32);
+  if (!pieces_.empty()) collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 1);
   if (stage_ == 1) {
     for (size_t i = 0; i < mine.size(); ++i) {
       const Tensor& full = full_grads_[mine[i].variable];

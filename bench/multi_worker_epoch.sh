@@ -8,7 +8,8 @@
 # 256 KiB buckets) and with sharded optimizer state (--shard-optimizer-state 1 and 2). The machine is
 # shared, so the plain multi-worker run and the one-process batch-64 run also report their CPU time
 # (user + system of all processes, from /usr/bin/time, data loading included), and a profiled run
-# (--profile-steps) their step-time split per worker (compute, communication, waiting, other).
+# (--profile-steps) their step-time split per worker (compute, communication, waiting, other);
+# the overlap and ZeRO runs report their CPU time too.
 # The workers share this host, so their collectives run over shared memory; the plain run is
 # repeated over Gloo's loopback TCP (DTRAIN_SHM_COLLECTIVES=0) for comparison, with its CPU time.
 # Usage: bench/multi_worker_epoch.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
@@ -59,6 +60,7 @@ print("compute %.3f ms, communication %.3f ms, waiting %.3f ms, other %.3f ms, s
 }
 
 mwg=() mwgcpu=() mw=() mwo=() mwz1=() mwz2=() ddp=() ddpf=() m1=() m2=() mwcpu=() m1cpu=()
+mwocpu=() mwz1cpu=() mwz2cpu=()
 for r in $(seq "$rounds"); do
   cpu "$tmp/mw.$r" "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
     --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 > "$tmp/mw.$r" 2>&1
@@ -69,16 +71,20 @@ for r in $(seq "$rounds"); do
     > "$tmp/mwg.$r" 2>&1
   mwg+=("$(dtrain_epoch "$tmp/mwg.$r")")
   mwgcpu+=("$(cat "$tmp/mwg.$r.cpus")")
-  "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker --epochs "$epochs" \
-    --batch-size 64 --seed 0 --verbose 2 --overlap-gradients --bucket-cap-mb 0.25 > "$tmp/mwo.$r" 2>&1
+  cpu "$tmp/mwo.$r" "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
+    --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 --overlap-gradients --bucket-cap-mb 0.25 \
+    > "$tmp/mwo.$r" 2>&1
   mwo+=("$(dtrain_epoch "$tmp/mwo.$r")")
+  mwocpu+=("$(cat "$tmp/mwo.$r.cpus")")
   for z in 1 2; do
-    "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
+    cpu "$tmp/mwz$z.$r" "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
       --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 --shard-optimizer-state "$z" \
       > "$tmp/mwz$z.$r" 2>&1
   done
   mwz1+=("$(dtrain_epoch "$tmp/mwz1.$r")")
   mwz2+=("$(dtrain_epoch "$tmp/mwz2.$r")")
+  mwz1cpu+=("$(cat "$tmp/mwz1.$r.cpus")")
+  mwz2cpu+=("$(cat "$tmp/mwz2.$r.cpus")")
   /usr/bin/python3 bench/torch_ddp_epoch.py "$epochs" 2 0 > "$tmp/ddp.$r" 2>&1
   ddp+=("$(get epoch_seconds_median "$tmp/ddp.$r")")
   /usr/bin/python3 bench/torch_ddp_epoch.py "$epochs" 2 1 > "$tmp/ddpf.$r" 2>&1
@@ -115,6 +121,9 @@ printf '%-52s %10s\n' "MirroredStrategy 1 replica, batch 64 (s/epoch)" "$(median
 printf '%-52s %10s\n' "MirroredStrategy 2 replicas, batch 64 (s/epoch)" "$(median "${m2[@]}")"
 printf '%-52s %10s\n' "  CPU s (user + sys, all processes, whole run)" "$(median "${mwcpu[@]}")"
 printf '%-52s %10s\n' "  2 workers over Gloo TCP: CPU s" "$(median "${mwgcpu[@]}")"
+printf '%-52s %10s\n' "  2 workers --overlap-gradients: CPU s" "$(median "${mwocpu[@]}")"
+printf '%-52s %10s\n' "  2 workers --shard-optimizer-state 1: CPU s" "$(median "${mwz1cpu[@]}")"
+printf '%-52s %10s\n' "  2 workers --shard-optimizer-state 2: CPU s" "$(median "${mwz2cpu[@]}")"
 printf '%-52s %10s\n' "  MirroredStrategy 1 replica, batch 64: CPU s" "$(median "${m1cpu[@]}")"
 echo "step split, 2 workers x 32, worker 0: $(split "$tmp/tb_mw" worker_0)"
 echo "step split, 2 workers x 32, worker 1: $(split "$tmp/tb_mw" worker_1)"

@@ -79,6 +79,7 @@ struct Collectives::Impl {
   // Every worker on this host: the collectives run here instead (null otherwise).
   std::unique_ptr<ShmTransport> shm;
   std::vector<ShmTransport::Segment> segments;  // all_reduce's bucket, without the copy
+  std::vector<char> gathered, gathered_own;     // a scattered all_gather_v's over Gloo
   bool broken = false;
 
   std::string peers_text() const {
@@ -565,6 +566,48 @@ void Collectives::all_gather_v(const void* local, void* out,
     opts.setTimeout(m.options.timeout);
     gloo::allgatherv(opts);
   });
+}
+
+void Collectives::all_gather_v(const void* local, std::span<const std::span<std::byte>> out,
+                               std::span<const size_t> bytes_per_rank) {
+  DTRAIN_CHECK(static_cast<int>(bytes_per_rank.size()) == size(),
+               "all_gather_v: ", bytes_per_rank.size(), " sizes for ", size(), " workers");
+  size_t total = 0, room = 0;
+  for (size_t b : bytes_per_rank) total += b;
+  for (const std::span<std::byte>& o : out) room += o.size();
+  DTRAIN_CHECK(room == total, "all_gather_v: the output ranges hold ", room, " bytes, the ranks ",
+               total);
+  Impl& m = *impl_;
+  if (size() > 1 && total > 0 && m.shm) {
+    m.guarded("all_gather_v", [&] { m.shm->all_gather_v(local, out, bytes_per_rank); });
+    return;
+  }
+  m.gathered.resize(total);
+  size_t own_at = 0;  // this rank's part of the concatenation
+  for (int k = 0; k < rank(); ++k) own_at += bytes_per_rank[k];
+  const size_t own_end = own_at + bytes_per_rank[rank()];
+  // Copies the ranges' bytes [b, e) of the concatenation to (or from) the buffer.
+  const auto each = [&](size_t b, size_t e, bool into_ranges) {
+    size_t at = 0;
+    for (const std::span<std::byte>& o : out) {
+      const size_t lo = std::max(b, at), hi = std::min(e, at + o.size());
+      if (lo < hi) {
+        char* range = reinterpret_cast<char*>(o.data()) + (lo - at);
+        char* buffer = m.gathered.data() + lo;
+        into_ranges ? std::memcpy(range, buffer, hi - lo) : std::memcpy(buffer, range, hi - lo);
+      }
+      at += o.size();
+    }
+  };
+  if (local == nullptr) {
+    if (size() == 1) return;  // everything is in place
+    each(own_at, own_end, /*into_ranges=*/false);
+    m.gathered_own.assign(m.gathered.begin() + own_at, m.gathered.begin() + own_end);
+  }
+  all_gather_v(local == nullptr ? m.gathered_own.data() : local, m.gathered.data(), bytes_per_rank);
+  each(0, own_at, true);
+  each(own_end, total, true);
+  if (local != nullptr) each(own_at, own_end, true);
 }
 
 void Collectives::barrier() {

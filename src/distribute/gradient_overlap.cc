@@ -43,7 +43,11 @@ OverlappedGradientReduction::OverlappedGradientReduction(Collectives& collective
   src_.resize(out.size());
   remaining_.resize(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) remaining_[b] = buckets_[b].size();
-  thread_ = start_thread([this] { loop(); });
+  // Over shared memory a reduction is the CPU's own copying and adding, not waiting on a wire: a
+  // second thread would only compete with backward for the cores (docs/decisions.md). The
+  // thread that runs backward reduces each bucket itself, as soon as it is complete.
+  inline_ = collectives.uses_shared_memory();
+  if (!inline_) thread_ = start_thread([this] { loop(); });
 }
 
 OverlappedGradientReduction::~OverlappedGradientReduction() {
@@ -62,6 +66,15 @@ void OverlappedGradientReduction::gradient_ready(size_t v, const Tensor& g) {
       !g.defined() || (g.dtype() == DType::kFloat32 && g.num_elements() == out_[v].num_elements()),
       "OverlappedGradientReduction: gradient ", v, " is ", g.to_string(0), ", expected ",
       out_[v].to_string(0));
+  if (inline_) {
+    size_t& left = remaining_[bucket_of_[v]];
+    DTRAIN_CHECK(left > 0, "OverlappedGradientReduction: gradient ", v,
+                 " reported twice in one step");
+    src_[v] = g;
+    --left;
+    while (next_ < buckets_.size() && remaining_[next_] == 0) reduce_inline(next_++);
+    return;
+  }
   bool ready = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -74,7 +87,36 @@ void OverlappedGradientReduction::gradient_ready(size_t v, const Tensor& g) {
   if (ready) cv_.notify_all();
 }
 
+void OverlappedGradientReduction::reduce_inline(size_t item) noexcept {
+  if (error_) return;  // the collectives are broken: finish() rethrows the first error
+  try {
+    if (item < buckets_.size()) {
+      reduce_bucket(item);
+      reduced_.fetch_add(1, std::memory_order_acq_rel);
+    } else {
+      reduce_extras();
+    }
+  } catch (...) {
+    error_ = std::current_exception();
+  }
+}
+
+void OverlappedGradientReduction::reset_step() {
+  next_ = 0;
+  finishing_ = false;
+  for (size_t b = 0; b < buckets_.size(); ++b) remaining_[b] = buckets_[b].size();
+  for (Tensor& t : src_) t = Tensor();  // keeps no references past the step
+}
+
 void OverlappedGradientReduction::finish() {
+  if (inline_) {
+    // The buckets whose gradients never came (zeros), then the extras.
+    while (next_ <= buckets_.size()) reduce_inline(next_++);
+    std::exception_ptr error = std::exchange(error_, nullptr);
+    reset_step();
+    if (error) std::rethrow_exception(error);
+    return;
+  }
   std::exception_ptr error;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -91,6 +133,11 @@ void OverlappedGradientReduction::finish() {
 }
 
 void OverlappedGradientReduction::abandon() noexcept {
+  if (inline_) {
+    error_ = nullptr;
+    reset_step();
+    return;
+  }
   {
     std::unique_lock<std::mutex> lock(mu_);
     dropping_ = true;

@@ -17,6 +17,11 @@ Shape rows_shape(const Shape& s, int64_t rows) {
   return s.rank() == 0 ? s : s.without_first().with_first(rows);
 }
 
+// Rows [s.row_begin, s.row_end) of `t`, a view of its buffer (a scalar: all of it).
+Tensor rows_view(const Tensor& t, const RowSlice& s) {
+  return t.rank() == 0 ? t.reshape(t.shape()) : t.slice(s.row_begin, s.row_end);
+}
+
 }  // namespace
 
 ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
@@ -44,16 +49,21 @@ ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
   const int n = collectives.size();
   partition_ = partition_rows(shapes, n);
 
+  if (stage_ == 1) {
+    for (Variable* v : vars_) full_grads_.push_back(Tensor(v->shape()));
+  }
+  // The shard variables are views of this worker's rows of the variables: the optimizer updates
+  // them in place, and apply() all-gathers the other workers' rows around them.
   for (const RowSlice& s : partition_.shards[rank_]) {
     Variable& v = *vars_[s.variable];
     const Shape shape = rows_shape(v.shape(), s.row_end - s.row_begin);
-    auto shard = std::make_unique<Variable>(v.name(), Tensor(shape), /*trainable=*/true);
+    auto shard = std::make_unique<Variable>(v.name(), rows_view(v.tensor(), s), /*trainable=*/true);
     shard_ptrs_.push_back(shard.get());
     shard_vars_.push_back(std::move(shard));
-    shard_grads_.push_back(Tensor(shape));
-  }
-  if (stage_ == 1) {
-    for (Variable* v : vars_) full_grads_.push_back(Tensor(v->shape()));
+    // Stage 1 holds the whole sum: the shard's gradient is a view of its rows there.
+    shard_grads_.push_back(stage_ == 1 && v.shape().rank() >= 1
+                               ? full_grads_[s.variable].slice(s.row_begin, s.row_end)
+                               : Tensor(shape));
   }
   // Which shard (and which of this worker's slices) holds each element range of each variable.
   struct Part {
@@ -96,6 +106,7 @@ ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
   }
   local_.resize(partition_.shard_elements(rank_));
   flat_.resize(partition_.total_elements);
+  var_bytes_.resize(vars_.size());
   if (optimizer.clipping().by_norm()) {
     // Stage 2's row sums of squares, gathered in rank order: shards are consecutive rows, so that
     // is every variable's rows in order (row_variable_: whose row each one is).
@@ -154,14 +165,14 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
         "shard_optimizer_state: gradient ", v, " is ", grads[v].to_string(0));
   }
   if (!sharded_) shard_slots();
-  // This worker's rows as the variables hold them now (a rollback or restore may have set them).
+  // The shard variables view the variables' current storage (a restore may have replaced it).
   const std::vector<RowSlice>& mine = partition_.shards[rank_];
   for (size_t i = 0; i < mine.size(); ++i) {
-    const Variable& v = *vars_[mine[i].variable];
-    const int64_t row = v.shape().num_elements() / std::max<int64_t>(1, rows_of(v.shape()));
-    std::memcpy(shard_vars_[i]->tensor().data<float>(),
-                v.tensor().data<float>() + mine[i].row_begin * row,
-                shard_vars_[i]->tensor().nbytes());
+    const Tensor& v = vars_[mine[i].variable]->tensor();
+    const int64_t row = v.num_elements() / std::max<int64_t>(1, rows_of(v.shape()));
+    if (shard_vars_[i]->tensor().data<float>() != v.data<float>() + mine[i].row_begin * row) {
+      shard_vars_[i]->tensor() = rows_view(v, mine[i]);
+    }
   }
   pieces_.clear();
   for (const PieceTemplate& t : templates_) {
@@ -172,18 +183,10 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
                        .owner = t.owner,
                        .keep = t.keep});
   }
-  collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
-  if (stage_ == 1) {
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const Tensor& full = full_grads_[mine[i].variable];
-      const int64_t row =
-          full.num_elements() / std::max<int64_t>(1, rows_of(vars_[mine[i].variable]->shape()));
-      std::memcpy(shard_grads_[i].data<float>(), full.data<float>() + mine[i].row_begin * row,
-                  shard_grads_[i].nbytes());
-    }
-  }
-  for (const DType d : {DType::kFloat32, DType::kFloat64}) {
-    pieces_.clear();
+  // The extras (the step's flags, moving statistics) in collectives of their own, after the
+  // gradients. (Riding the gradients' reduction gives the same sums, but broke the survivors'
+  // bitwise rejoin of launch_survivors_test; not understood yet, so left as it was.)
+  const auto extra_pieces = [&](DType d) {
     const size_t elem = dtype_size(d);
     for (size_t k = 0; k < extra_.size(); ++k) {
       if (extra_[k].dtype() != d) continue;
@@ -195,9 +198,24 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
                            .owner = r.owner});
       }
     }
-    if (!pieces_.empty())
-      collectives_.all_reduce_in_order(pieces_, d, d == DType::kFloat64 ? 2 : 1);
+  };
+  collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
+  pieces_.clear();
+  extra_pieces(DType::kFloat32);
+  if (!pieces_.empty()) collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 1);
+  if (stage_ == 1) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const Tensor& full = full_grads_[mine[i].variable];
+      const int64_t row =
+          full.num_elements() / std::max<int64_t>(1, rows_of(vars_[mine[i].variable]->shape()));
+      const float* rows = full.data<float>() + mine[i].row_begin * row;
+      if (shard_grads_[i].data<float>() == rows) continue;  // a view of them
+      std::memcpy(shard_grads_[i].data<float>(), rows, shard_grads_[i].nbytes());
+    }
   }
+  pieces_.clear();
+  extra_pieces(DType::kFloat64);
+  if (!pieces_.empty()) collectives_.all_reduce_in_order(pieces_, DType::kFloat64, 2);
 }
 
 bool ShardedOptimizerUpdate::all_finite() {
@@ -258,17 +276,13 @@ void ShardedOptimizerUpdate::apply() {
     optimizer_.update_part(shard_grads_, shard_ptrs_, 0, 1);
   }
   optimizer_.finish_update();  // every worker counts the step, with or without rows
-  size_t offset = 0;
-  for (const auto& s : shard_vars_) {
-    std::memcpy(local_.data() + offset, s->tensor().data<float>(), s->tensor().nbytes());
-    offset += static_cast<size_t>(s->tensor().num_elements());
+  // The shards are consecutive rows of the variables taken end to end, and this worker's were
+  // updated in place: the other ranks' rows land straight in the variables around them.
+  for (size_t v = 0; v < vars_.size(); ++v) {
+    Tensor& t = vars_[v]->tensor();
+    var_bytes_[v] = {static_cast<std::byte*>(t.raw_data()), t.nbytes()};
   }
-  collectives_.all_gather_v(local_.data(), flat_.data(), shard_bytes_);
-  offset = 0;
-  for (Variable* v : vars_) {
-    std::memcpy(v->tensor().data<float>(), flat_.data() + offset, v->tensor().nbytes());
-    offset += static_cast<size_t>(v->shape().num_elements());
-  }
+  collectives_.all_gather_v(nullptr, var_bytes_, shard_bytes_);
 }
 
 void ShardedOptimizerUpdate::gather_slots() {

@@ -543,6 +543,56 @@ void ShmTransport::all_gather_v(const void* local, void* out,
       });
 }
 
+void ShmTransport::all_gather_v(const void* local, std::span<const std::span<std::byte>> out,
+                                std::span<const size_t> bytes_per_rank) {
+  const int n = options_.world_size;
+  size_t largest = 0;
+  for (size_t b : bytes_per_rank) largest = std::max(largest, b);
+  starts_.clear();
+  size_t total = 0;
+  for (const std::span<std::byte>& o : out) {
+    starts_.push_back(total);
+    total += o.size();
+  }
+  // Bytes [at, at + len) of the concatenation: copied from `src` (gather), or into `dst` (pack).
+  auto each = [&](size_t at, size_t len, auto&& copy) {
+    size_t k = std::upper_bound(starts_.begin(), starts_.end(), at) - starts_.begin();
+    if (k > 0) --k;
+    for (; k < out.size() && starts_[k] < at + len; ++k) {
+      const size_t b = std::max(at, starts_[k]), e = std::min(at + len, starts_[k] + out[k].size());
+      if (b < e) copy(reinterpret_cast<char*>(out[k].data()) + (b - starts_[k]), b - at, e - b);
+    }
+  };
+  auto scatter = [&](const char* src, size_t at, size_t len) {
+    each(at, len, [&](char* o, size_t off, size_t c) { std::memcpy(o, src + off, c); });
+  };
+  const auto* mine = static_cast<const char*>(local);
+  const size_t own = bytes_per_rank[options_.rank];
+  size_t own_at = 0;  // this rank's offset in the concatenation
+  for (int k = 0; k < options_.rank; ++k) own_at += bytes_per_rank[k];
+  windows(
+      largest, region_bytes_,
+      [&](char* region, size_t w0, size_t len) {
+        if (w0 >= own) return;
+        if (mine != nullptr) {
+          std::memcpy(region, mine + w0, std::min(len, own - w0));
+        } else {
+          each(own_at + w0, std::min(len, own - w0),
+               [&](char* o, size_t off, size_t c) { std::memcpy(region + off, o, c); });
+        }
+      },
+      [&](const char* const* in, size_t w0, size_t len) {
+        size_t offset = 0;
+        for (int k = 0; k < n; ++k) {
+          const size_t b = bytes_per_rank[k];
+          // This rank's part comes from `local` (the same bytes, already in cache), or is there.
+          if (w0 < b && !(k == options_.rank && mine == nullptr))
+            scatter(k == options_.rank ? mine + w0 : in[k], offset + w0, std::min(len, b - w0));
+          offset += b;
+        }
+      });
+}
+
 void ShmTransport::broadcast(void* data, size_t bytes, int root) {
   auto* p = static_cast<char*>(data);
   const bool is_root = options_.rank == root;

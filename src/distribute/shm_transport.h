@@ -69,6 +69,11 @@ class ShmTransport {
   void all_reduce_in_order(std::span<const OrderedPiece> pieces, DType dtype);
   // out = every rank's `local` (bytes_per_rank[r] bytes from rank r), concatenated in rank order.
   void all_gather_v(const void* local, void* out, std::span<const size_t> bytes_per_rank);
+  // all_gather_v with the output scattered: the concatenation lands in `out` (byte ranges taken
+  // end to end, together as long as the concatenation), straight from every rank's region.
+  // `local` null: in place (this rank's part is read from `out`, and not written).
+  void all_gather_v(const void* local, std::span<const std::span<std::byte>> out,
+                    std::span<const size_t> bytes_per_rank);
   // Overwrites `bytes` at `data` with root's.
   void broadcast(void* data, size_t bytes, int root);
   // Returns once every rank has called barrier(); `timeout` replaces the collective timeout.

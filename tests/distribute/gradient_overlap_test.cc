@@ -1,13 +1,16 @@
 // OverlappedGradientReduction and Collectives::all_reduce_in_order with ranks as threads on
 // loopback: bitwise the sums of Collectives::all_reduce for any bucketing (2, 3 and 4 workers,
 // tensors that share a bucket, tensors larger than a bucket and than Gloo's 1 MiB segment),
-// buckets reduced before finish() (the overlap), zeros for gradients that never came.
+// buckets reduced before finish() (the overlap), zeros for gradients that never came; over shared
+// memory (the buckets reduced on the backward thread) and over Gloo (a communication thread).
 #include "dtrain/distribute/gradient_overlap.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
@@ -40,6 +43,7 @@ struct Param {
   int workers;
   size_t collective_bucket_bytes;  // CollectiveOptions::bucket_bytes (the reference's packing)
   size_t overlap_bucket_bytes;
+  bool shared_memory = true;  // false: Gloo's pairs, and the communication thread
 };
 
 class OverlapTest : public ::testing::TestWithParam<Param> {};
@@ -90,7 +94,7 @@ TEST_P(OverlapTest, SumsAreBitwiseThoseOfOneAllReduce) {
                 }
               }
             },
-            {.bucket_bytes = p.collective_bucket_bytes});
+            {.bucket_bytes = p.collective_bucket_bytes, .shared_memory = p.shared_memory});
   if (p.workers >= 3) {
     EXPECT_GT(differing, 0);
   }
@@ -100,12 +104,55 @@ INSTANTIATE_TEST_SUITE_P(Bucketings, OverlapTest,
                          ::testing::Values(Param{2, 4096, 64}, Param{3, 4096, 64},
                                            Param{3, 4096, 5000}, Param{3, size_t{4} << 20, 1},
                                            Param{3, size_t{4} << 20, size_t{1} << 30},
-                                           Param{4, 4096, 2000}, Param{4, size_t{4} << 20, 64}),
+                                           Param{4, 4096, 2000}, Param{4, size_t{4} << 20, 64},
+                                           Param{2, 4096, 64, false}, Param{3, 4096, 64, false},
+                                           Param{3, 4096, 5000, false}),
                          [](const auto& info) {
                            return std::to_string(info.param.workers) + "workers_collective" +
                                   std::to_string(info.param.collective_bucket_bytes) + "_overlap" +
-                                  std::to_string(info.param.overlap_bucket_bytes);
+                                  std::to_string(info.param.overlap_bucket_bytes) +
+                                  (info.param.shared_memory ? "_shm" : "_gloo");
                          });
+
+// Threads of this process, from /proc/self/task.
+int thread_count() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Over shared memory a reduction is copying and adding on the CPU: the thread running backward
+// reduces each complete bucket itself, with no communication thread to compete with it for the
+// cores. Over Gloo the thread overlaps the wire's latency with backward.
+TEST(OverlapTest, OverSharedMemoryTheBackwardThreadReducesTheBuckets) {
+  for (const bool shared_memory : {true, false}) {
+    std::atomic<int> added{0};
+    run_ranks(2,
+              [&](int r, Collectives& c) {
+                EXPECT_EQ(c.uses_shared_memory(), shared_memory);
+                std::vector<Tensor> grads = {values(r, 100, 1), values(r, 100, 2)};
+                std::vector<Tensor> out = {Tensor(Shape{100}), Tensor(Shape{100})};
+                c.barrier();  // both ranks' transports are up: only the overlap starts threads now
+                const int before = thread_count();
+                c.barrier();
+                OverlappedGradientReduction overlap(c, out, {}, 64);
+                c.barrier();
+                if (r == 0) added = thread_count() - before;
+                c.barrier();
+                overlap.gradient_ready(1, grads[1]);
+                if (shared_memory) {
+                  // Reduced on this thread, before gradient_ready returned.
+                  EXPECT_EQ(overlap.buckets_reduced(), 1u);
+                }
+                overlap.gradient_ready(0, grads[0]);
+                overlap.finish();
+                EXPECT_EQ(overlap.buckets_reduced(), 2u);
+                c.barrier();
+              },
+              {.shared_memory = shared_memory});
+    EXPECT_EQ(added.load(), shared_memory ? 0 : 2) << (shared_memory ? "shm" : "gloo");
+  }
+}
 
 TEST(OverlapTest, ABucketIsReducedWhileLaterGradientsAreStillMissing) {
   run_ranks(2, [&](int r, Collectives& c) {

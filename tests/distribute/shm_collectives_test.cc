@@ -1,7 +1,8 @@
 // The shared-memory transport of Collectives: bit for bit what the Gloo path gives (2, 3 and 4
-// ranks, odd sizes, windows, ordered pieces, gathers), every worker must agree to use it, no
-// segment outlives its setup, and a peer that leaves or is killed mid-collective fails the
-// survivors with UnavailableError naming it (real processes), after which a new generation works.
+// ranks, odd sizes, windows, ordered pieces, gathers, scattered gathers), every worker must agree
+// to use it, no segment outlives its setup, and a peer that leaves or is killed mid-collective
+// fails the survivors with UnavailableError naming it (real processes), after which a new
+// generation works.
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,10 +13,12 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
 #include <thread>
 
 #include "dtrain/core/error.h"
@@ -123,6 +126,17 @@ std::vector<Bytes> run_everything(int n, bool shared_memory, std::vector<int>* u
               for (size_t i = 0; i < local.size(); ++i) local[i] = static_cast<char>(i * 31 + r);
               c.all_gather_v(local.data(), all.data(), bytes);
               mine.insert(mine.end(), all.begin(), all.end());
+              // The same gather scattered over odd ranges (one empty): the same bytes.
+              std::vector<char> scattered(total, 0);
+              const size_t cut1 = std::min<size_t>(total, 5), cut2 = std::min(total, total / 2 + 3);
+              const std::vector<std::span<std::byte>> ranges = {
+                  {reinterpret_cast<std::byte*>(scattered.data()), cut1},
+                  {reinterpret_cast<std::byte*>(scattered.data()) + cut1, 0},
+                  {reinterpret_cast<std::byte*>(scattered.data()) + cut1, cut2 - cut1},
+                  {reinterpret_cast<std::byte*>(scattered.data()) + cut2, total - cut2}};
+              c.all_gather_v(local.data(), ranges, bytes);
+              EXPECT_EQ(scattered, all) << "rank " << r;
+              mine.insert(mine.end(), scattered.begin(), scattered.end());
               Tensor one = Tensor::from_vector<int64_t>({r, 7 * r + 1}, {2});
               Tensor gathered(DType::kInt64, {n, 2});
               c.all_gather(one, gathered);

@@ -125,6 +125,12 @@ class Collectives {
   // out = the concatenation, in rank order, of every rank's `local` (bytes_per_rank[r] bytes from
   // rank r; this rank's must equal its `local`'s size). Throws as all_reduce.
   void all_gather_v(const void* local, void* out, std::span<const size_t> bytes_per_rank);
+  // The same with the output scattered over `out` (byte ranges taken end to end, as long as the
+  // concatenation together): over shared memory straight from every rank's region, otherwise
+  // through a buffer kept for the next call. `local` null: in place, this rank's part is already
+  // where `out` puts it (and is what it contributes); only the other ranks' parts are written.
+  void all_gather_v(const void* local, std::span<const std::span<std::byte>> out,
+                    std::span<const size_t> bytes_per_rank);
   // Returns once every worker has called barrier().
   void barrier();
 

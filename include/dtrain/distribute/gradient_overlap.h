@@ -10,6 +10,8 @@
 // in (Collectives::summation_order of the gradients followed by the extras), so the result is
 // bitwise that of Strategy::reduce_gradients for any bucket size and any number of workers.
 // Buckets are reduced in bucket order on every worker, whatever order the gradients arrive in.
+// Over the shared-memory transport there is no communication thread: gradient_ready() reduces
+// each bucket on the thread running backward as soon as the bucket is complete.
 //
 //   auto overlap = strategy.make_overlapped_reduction(out, extra);   // null: not enabled
 //   tape.gradient(loss, vars, grads, &on_final);   // on_final(k): overlap->gradient_ready(k, g)
@@ -67,6 +69,10 @@ class OverlappedGradientReduction {
   void loop();
   void reduce_bucket(size_t b);
   void reduce_extras();
+  // Without the thread: reduces bucket `item` (buckets_.size(): the extras) here, keeping the
+  // first error for finish().
+  void reduce_inline(size_t item) noexcept;
+  void reset_step();  // the next step's counts; drops this step's gradients
 
   Collectives& collectives_;
   std::span<Tensor> out_;
@@ -86,6 +92,7 @@ class OverlappedGradientReduction {
   bool busy_ = false;                // the thread is reducing
   bool dropping_ = false;            // abandon(): no more reductions this step
   bool stop_ = false;
+  bool inline_ = false;  // over shared memory: no thread (reductions in gradient_ready, finish)
   std::exception_ptr error_;
   std::atomic<size_t> reduced_{0};
   std::thread thread_;

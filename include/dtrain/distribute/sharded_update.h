@@ -95,9 +95,10 @@ class ShardedOptimizerUpdate {
   };
   std::vector<PieceTemplate> templates_;
   std::vector<OrderedPiece> pieces_;
-  std::vector<float> local_, flat_;  // all-gather buffers
-  std::vector<size_t> shard_bytes_;  // per rank
-  bool sharded_ = false;             // the optimizer holds shard slots (not full ones)
+  std::vector<float> local_, flat_;              // gather_slots' buffers
+  std::vector<std::span<std::byte>> var_bytes_;  // the variables' storage, apply()'s output
+  std::vector<size_t> shard_bytes_;              // per rank
+  bool sharded_ = false;                         // the optimizer holds shard slots (not full ones)
   // Clipping by norm only: this worker's and every row's Σ g², each row's variable, bytes of row
   // sums per rank, each variable's squared norm, each shard variable's scale.
   std::vector<double> local_rows_, all_rows_;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "dtrain/core/error.h"
 #include "dtrain/core/parallel_for.h"
 #include "dtrain/ops/gemm.h"
 
@@ -142,7 +143,9 @@ void rows_range(const Operands& o, int64_t r0, int64_t r1) {
 }
 
 // Packs op(B) [k, n] into zero-padded panels of 16 columns.
-void pack_panels(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb, float* out) {
+// With `sums` (not trans_b), also each column's sum over l, in increasing l from 0.
+void pack_panels(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb, float* out,
+                 float* sums) {
   const int64_t panels = (n + kCols - 1) / kCols;
   parallel_for(panels, grain_for(k * kCols), [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -154,9 +157,19 @@ void pack_panels(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb
         // memmove call each.
         const __m256i m0 = tail_mask(cols), m1 = tail_mask(cols - 8);
         const float* src = b + j0;
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
         for (int64_t l = 0; l < k; ++l, dst += kCols, src += ldb) {
-          _mm256_storeu_ps(dst, _mm256_maskload_ps(src, m0));
-          _mm256_storeu_ps(dst + 8, _mm256_maskload_ps(src + 8, m1));
+          const __m256 v0 = _mm256_maskload_ps(src, m0), v1 = _mm256_maskload_ps(src + 8, m1);
+          _mm256_storeu_ps(dst, v0);
+          _mm256_storeu_ps(dst + 8, v1);
+          if (sums != nullptr) {
+            s0 = _mm256_add_ps(s0, v0);
+            s1 = _mm256_add_ps(s1, v1);
+          }
+        }
+        if (sums != nullptr) {
+          _mm256_maskstore_ps(sums + j0, m0, s0);
+          _mm256_maskstore_ps(sums + j0 + 8, m1, s1);
         }
       } else {
         // B(l, j) = b[j · ldb + l]: column by column.
@@ -176,14 +189,18 @@ void pack_panels(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb
 constexpr int64_t kMinWork = int64_t{1} << 20;
 
 void panel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                int64_t lda, const float* b, int64_t ldb, const float* bias, float* c,
-                int64_t ldc) {
+                int64_t lda, const float* b, int64_t ldb, const float* bias, float* c, int64_t ldc,
+                float* b_column_sums) {
   const int64_t panels = (n + kCols - 1) / kCols;
   // One buffer per calling thread, grown as needed (the step's shapes repeat).
   thread_local std::vector<float> packed;
   const auto need = static_cast<size_t>(panels * std::max<int64_t>(k, 1) * kCols);
   if (packed.size() < need) packed.resize(need);
-  if (k > 0) pack_panels(trans_b, n, k, b, ldb, packed.data());
+  if (k > 0) {
+    pack_panels(trans_b, n, k, b, ldb, packed.data(), b_column_sums);
+  } else if (b_column_sums != nullptr) {
+    std::fill(b_column_sums, b_column_sums + n, 0.0f);
+  }
   const Operands o{.a = a,
                    .a_row_stride = trans_a ? 1 : lda,
                    .a_inner_stride = trans_a ? lda : 1,
@@ -200,18 +217,33 @@ void panel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, con
 }
 #endif
 
+// Σ_l b[l · ldb + j] in increasing l from 0, as ops::column_sum sums.
+void column_sums(const float* b, int64_t k, int64_t n, int64_t ldb, float* sums) {
+  std::fill(sums, sums + n, 0.0f);
+  for (int64_t l = 0; l < k; ++l) {
+    for (int64_t j = 0; j < n; ++j) sums[j] += b[l * ldb + j];
+  }
+}
+
 }  // namespace
 
 void dense_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
-                int64_t lda, const float* b, int64_t ldb, const float* bias, float* c,
-                int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
+                int64_t lda, const float* b, int64_t ldb, const float* bias, float* c, int64_t ldc,
+                float* b_column_sums) {
+  DTRAIN_CHECK(b_column_sums == nullptr || !trans_b,
+               "dense_gemm: column sums of B are computed only without trans_b");
+  if (n <= 0) return;
+  if (m <= 0) {
+    if (b_column_sums != nullptr) column_sums(b, k, n, ldb, b_column_sums);
+    return;
+  }
 #if DTRAIN_PANEL_GEMM_AVX2
   if (m * n * std::max<int64_t>(k, 1) >= kMinWork) {
-    panel_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c, ldc);
+    panel_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, bias, c, ldc, b_column_sums);
     return;
   }
 #endif
+  if (b_column_sums != nullptr) column_sums(b, k, n, ldb, b_column_sums);
   if (bias != nullptr) {
     for (int64_t i = 0; i < m; ++i) std::copy_n(bias, n, c + i * ldc);
   }

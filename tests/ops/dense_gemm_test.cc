@@ -2,7 +2,8 @@
 // layers use, with a bias and without, padded leading dimensions (padding is NaN, so reading it
 // shows; C's padding must stay untouched), shapes that leave partial row tiles (of 6) and column
 // panels (of 16), an inner dimension long enough to run in slices, and shapes below the size at
-// which dense_gemm hands the product to OpenBLAS. Then: the same bits for one thread and two.
+// which dense_gemm hands the product to OpenBLAS; B's column sums bitwise equal to
+// ops::column_sum's. Then: the same bits for one thread and two.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +24,7 @@ struct Case {
 };
 
 struct Result {
-  std::vector<float> c;
+  std::vector<float> c, sums;
   int64_t ldc;
 };
 
@@ -49,8 +50,19 @@ Result run(const Case& t, bool check) {
     for (int64_t j = 0; j < t.n; ++j) b_at(l, j) = rng.uniform() - 0.5f;
   }
   for (float& v : bias) v = rng.uniform() - 0.5f;
+  // Without trans_b, B's column sums too (a dense layer's bias gradient), NaN until written.
+  std::vector<float> sums(t.tb ? 0 : t.n, nan);
   dense_gemm(t.ta, t.tb, t.m, t.n, t.k, a.data(), lda, b.data(), ldb,
-             t.bias ? bias.data() : nullptr, c.data(), ldc);
+             t.bias ? bias.data() : nullptr, c.data(), ldc, t.tb ? nullptr : sums.data());
+  if (check && !t.tb) {
+    // The same float sums, in the same order, as ops::column_sum: bitwise.
+    for (int64_t j = 0; j < t.n; ++j) {
+      float want = 0.0f;
+      for (int64_t l = 0; l < t.k; ++l) want += b_at(l, j);
+      EXPECT_EQ(std::memcmp(&sums[j], &want, sizeof(float)), 0)
+          << "column sum " << j << " = " << sums[j] << ", want " << want;
+    }
+  }
   if (check) {
     // A float sum of k products (plus the bias) is within (k + 2)·2⁻²⁴·Σ|terms| of the exact
     // one, whatever the order (a worst-case bound, so it cannot fail on rounding alone).
@@ -77,7 +89,7 @@ Result run(const Case& t, bool check) {
     }
     EXPECT_EQ(bad, 0);
   }
-  return {std::move(c), ldc};
+  return {std::move(c), std::move(sums), ldc};
 }
 
 const Case kCases[] = {
@@ -110,6 +122,7 @@ TEST(DenseGemm, SameBitsForOneThreadAndTwo) {
     ASSERT_EQ(one.c.size(), two.c.size());
     EXPECT_EQ(std::memcmp(one.c.data(), two.c.data(), one.c.size() * sizeof(float)), 0)
         << "m " << t.m << " n " << t.n << " k " << t.k;
+    EXPECT_EQ(one.sums, two.sums) << "m " << t.m << " n " << t.n << " k " << t.k;
   }
 }
 

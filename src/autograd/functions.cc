@@ -237,21 +237,21 @@ void dense_backward(Tape& t, const Node& n, Tensor g) {
   ops::activation_backward_inplace(act, from_input ? nullptr : y.data<float>(),
                                    from_input ? y.data<float>() : nullptr, dz.data<float>(), batch,
                                    out, ops::default_activation_alpha(act));
+  // db = Σ_batch dz, from the dW product's pass over dz when there is one.
+  Tensor db = n.in[2] >= 0 ? Tensor(Shape{out}) : Tensor();
   if (n.in[1] >= 0) {
     Tensor dw(Shape{in, out});  // dW = xᵀ dz
-    ops::gemm(true, false, in, out, batch, 1.0f, x.data<float>(), in, dz.data<float>(), out, 0.0f,
-              dw.data<float>(), out);
+    ops::dense_gemm(true, false, in, out, batch, x.data<float>(), in, dz.data<float>(), out,
+                    nullptr, dw.data<float>(), out, db.defined() ? db.data<float>() : nullptr);
     t.accumulate(n.in[1], std::move(dw));
-  }
-  if (n.in[2] >= 0) {
-    Tensor db(Shape{out});  // db = Σ_batch dz
+  } else if (db.defined()) {
     ops::column_sum(dz.data<float>(), batch, out, db.data<float>());
-    t.accumulate(n.in[2], std::move(db));
   }
+  if (db.defined()) t.accumulate(n.in[2], std::move(db));
   if (n.in[0] >= 0) {
     Tensor dx(Shape{batch, in});  // dx = dz Wᵀ
-    ops::gemm(false, true, batch, in, out, 1.0f, dz.data<float>(), out, w.data<float>(), out, 0.0f,
-              dx.data<float>(), in);
+    ops::dense_gemm(false, true, batch, in, out, dz.data<float>(), out, w.data<float>(), out,
+                    nullptr, dx.data<float>(), in);
     t.accumulate(n.in[0], std::move(dx));
   }
 }
@@ -418,19 +418,23 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
   if (bias.defined()) {
     DTRAIN_CHECK(bias.num_elements() == units, "dense: bias ", bias.shape().to_string(),
                  " does not match ", units, " units");
-    // y = broadcast(b), then y += x · W: the bias rides in the GEMM's beta = 1.
-    const float* pb = bias.data<float>();
-    float* py = y.data<float>();
-    for (int64_t r = 0; r < batch; ++r) std::copy_n(pb, units, py + r * units);
   }
-  ops::gemm(false, false, batch, units, in, 1.0f, x.data<float>(), in, kernel.data<float>(), units,
-            bias.defined() ? 1.0f : 0.0f, y.data<float>(), units);
+  // y = b + x · W: the bias starts the GEMM's accumulators (no broadcast pass).
+  ops::dense_gemm(false, false, batch, units, in, x.data<float>(), in, kernel.data<float>(), units,
+                  bias.defined() ? bias.data<float>() : nullptr, y.data<float>(), units);
   Tape* t = bias.defined() ? recording_tape(x, &kernel, &bias) : recording_tape(x, &kernel);
   // Activations whose derivative the output does not give (gelu, swish) keep the
   // pre-activation: one extra buffer, only for them and only while recording.
   const bool keep_z = t != nullptr && ops::activation_needs_input(act);
-  Tensor saved_y = keep_z ? y.clone() : Tensor();
-  ops::activation_inplace(act, y.data<float>(), batch, units);
+  Tensor saved_y;
+  if (keep_z) {
+    saved_y = std::move(y);
+    y = Tensor(Shape{batch, units});
+    ops::activation(act, saved_y.data<float>(), y.data<float>(), batch, units,
+                    ops::default_activation_alpha(act));
+  } else {
+    ops::activation_inplace(act, y.data<float>(), batch, units);
+  }
   if (t == nullptr) return y;
   if (!keep_z) saved_y = stop_gradient(y);
   Node& n = t->record(dense_backward, y, t->node_of(x), t->node_of(kernel),

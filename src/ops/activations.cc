@@ -303,6 +303,20 @@ void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols, fl
   });
 }
 
+void activation(Activation act, const float* x, float* y, int64_t rows, int64_t cols, float alpha) {
+  if (act != Activation::kGelu) {
+    std::copy_n(x, rows * cols, y);
+    return activation_inplace(act, y, rows, cols, alpha);
+  }
+  // The exact GELU in one pass from x (activation_serial's expression, so the same bits).
+  parallel_for(rows * cols, grain_for(activation_cost(act)), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float xi = x[i];
+      y[i] = 0.5f * xi * (1.0f + vmath::erf(xi * kSqrtHalf));
+    }
+  });
+}
+
 void activation_backward_inplace(Activation act, const float* y, const float* x, float* dz,
                                  int64_t rows, int64_t cols, float alpha) {
   if (act == Activation::kLinear) return;

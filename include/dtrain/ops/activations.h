@@ -49,6 +49,9 @@ void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols, fl
 inline void activation_inplace(Activation act, float* y, int64_t rows, int64_t cols) {
   activation_inplace(act, y, rows, cols, default_activation_alpha(act));
 }
+// y ← act(x) for x and y [rows, cols] that do not overlap: one pass for the exact GELU (the
+// dense layer keeps x for the backward), a copy and activation_inplace for the others.
+void activation(Activation act, const float* x, float* y, int64_t rows, int64_t cols, float alpha);
 // dz ← dy ⊙ act'(x), in place on dz (which holds dy on entry), from the output y = act(x) or,
 // where activation_needs_input(act), from the input x (y may then be null; x may be null
 // otherwise). For softmax: dz = y ⊙ (dy − Σ_j dy_j y_j) per row.

@@ -257,6 +257,11 @@ bool BackupAndRestore::rejoin_after_failure() {
   if (state_->manager) state_->manager->sync();  // the chief's backups in flight
   snapshots_->roll_back(*state_->ckpt, next);
   restored_from_ = next.restore;
+  // Count the steps to the next backup from the resume, as the restarted workers do (a fresh
+  // fit() starts at 0): a sharded backup, or ZeRO's gather of the slots before any backup, is a
+  // collective, and a survivor that counted on from before the failure would back up at other
+  // steps than its newcomers and run collectives they do not.
+  steps_since_backup_ = 0;
   resume_loop(ts);
   std::cerr << "BackupAndRestore: generation " << next.generation << " resumes at epoch "
             << state_->epoch + 1 << ", step " << state_->step << "\n";

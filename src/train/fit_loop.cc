@@ -222,7 +222,16 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
         position_.data_position = data::IteratorState{p, q};
       }
       s_.fill_logs(logs_);
-      for (const auto& cb : callbacks_) cb->on_train_batch_end(step - 1, logs_);
+      try {
+        for (const auto& cb : callbacks_) cb->on_train_batch_end(step - 1, logs_);
+      } catch (const Error&) {
+        // A peer lost inside a callback's collective (a backup's or snapshot's all-gather of
+        // sharded slots) is survived like one lost in the step; any other error propagates.
+        if (!rejoin_after_failure()) throw;
+        next_epoch = resume_->epoch;
+        next_step = resume_->step_in_epoch;
+        return true;
+      }
       bar.update(step, logs_);
     }
     if (outcome.stop) preempted(epoch, step);

@@ -90,14 +90,18 @@ void OverlappedGradientReduction::gradient_ready(size_t v, const Tensor& g) {
 void OverlappedGradientReduction::reduce_inline(size_t item) noexcept {
   if (error_) return;  // the collectives are broken: finish() rethrows the first error
   try {
-    if (item < buckets_.size()) {
-      reduce_bucket(item);
-      reduced_.fetch_add(1, std::memory_order_acq_rel);
-    } else {
-      reduce_extras();
-    }
+    reduce_item(item);
   } catch (...) {
     error_ = std::current_exception();
+  }
+}
+
+void OverlappedGradientReduction::reduce_item(size_t item) {
+  if (item < buckets_.size()) {
+    reduce_bucket(item);
+    reduced_.fetch_add(1, std::memory_order_acq_rel);
+  } else {
+    reduce_extras();
   }
 }
 
@@ -169,12 +173,7 @@ void OverlappedGradientReduction::loop() {
     if (!failed) {
       follow_flush_denormals();
       try {
-        if (item < buckets_.size()) {
-          reduce_bucket(item);
-          reduced_.fetch_add(1, std::memory_order_acq_rel);
-        } else {
-          reduce_extras();
-        }
+        reduce_item(item);
       } catch (...) {
         error = std::current_exception();
       }

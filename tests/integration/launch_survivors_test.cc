@@ -208,7 +208,9 @@ class LaunchSurvivors : public ::testing::Test {
     }
     // Proof that the survivors kept running: the same processes before and after a failure.
     EXPECT_GE(kept_, 1) << tail(log);
-    if (every_kill_survived) EXPECT_EQ(lost_, 0) << tail(log);
+    if (every_kill_survived) {
+      EXPECT_EQ(lost_, 0) << tail(log);
+    }
     const auto all = events(dir_ + "/events.jsonl");
     const auto continued = of_kind(all, "survivors");
     EXPECT_GE(continued.size(), 1u) << tail(log);

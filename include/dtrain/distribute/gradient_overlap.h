@@ -69,6 +69,8 @@ class OverlappedGradientReduction {
   void loop();
   void reduce_bucket(size_t b);
   void reduce_extras();
+  // Bucket `item` (counted as reduced), or the extras when item == the number of buckets.
+  void reduce_item(size_t item);
   // Without the thread: reduces bucket `item` (buckets_.size(): the extras) here, keeping the
   // first error for finish().
   void reduce_inline(size_t item) noexcept;

@@ -31,10 +31,22 @@ namespace fs = std::filesystem;
 
 constexpr const char* kDirPrefix = "dtrain-snapshots-";
 constexpr const char* kFetched = "fetched";
+constexpr const char* kPinned = "pinned";
 const std::chrono::milliseconds kPushTimeout = std::chrono::seconds(10);
 const std::chrono::milliseconds kPublishTimeout = std::chrono::seconds(60);
 
 std::string rank_key(int world_size, int rank) { return str_cat("w", world_size, "-r", rank); }
+
+// "w<W>-" of a rank key ("" for a name that is not one).
+std::string world_prefix(const std::string& key) {
+  const size_t r = key.find("-r");
+  return key.size() > 1 && key[0] == 'w' && r != std::string::npos ? key.substr(0, r + 1) : "";
+}
+
+bool is_rank_directory(const fs::directory_entry& e) {
+  const std::string key = e.path().filename().string();
+  return e.is_directory() && key != kFetched && key != kPinned;
+}
 
 // Removes the snapshot directories of agents that are gone (a launcher killed with SIGKILL
 // cannot remove its own): ".../dtrain-snapshots-<run>-n<node>-p<pid>" whose pid is not alive.
@@ -74,6 +86,39 @@ std::optional<FileId> file_id(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
   return FileId{st.st_dev, st.st_ino, st.st_size, st.st_mtim};
+}
+
+// Reads committed snapshot `step` of directory `dir` whole; nullopt when it vanished (or
+// changed) meanwhile.
+std::optional<SnapshotFiles> read_snapshot(const fs::path& dir, int64_t step) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (snapshot_file(n, step)) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  if (names.size() < 2) return std::nullopt;  // an index and at least one data shard
+  SnapshotFiles files;
+  for (const std::string& n : names) {
+    // The worker's manager only ever deletes snapshot files (it never rewrites one while it is
+    // listed), and an unlinked file stays whole for a reader; the identity check catches a
+    // snapshot of the same step written again after a rollback while this read.
+    const std::string path = (dir / n).string();
+    const std::optional<FileId> before = file_id(path);
+    if (!before) return std::nullopt;
+    std::string bytes;
+    try {
+      bytes = read_file(path);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+    if (file_id(path) != before || static_cast<off_t>(bytes.size()) != before->size) {
+      return std::nullopt;
+    }
+    files.emplace_back(n.substr(str_cat("snap-", step).size()), std::move(bytes));
+  }
+  return files;
 }
 
 void write_snapshot(const fs::path& dir, int64_t step, const SnapshotFiles& files) {
@@ -137,42 +182,72 @@ std::vector<int64_t> SnapshotKeeper::local_steps(const std::string& key) const {
 
 std::optional<SnapshotFiles> SnapshotKeeper::read_local(const std::string& key,
                                                         int64_t step) const {
-  const fs::path dir = fs::path(dir_) / key;
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (snapshot_file(n, step)) names.push_back(n);
-  }
-  std::sort(names.begin(), names.end());
-  if (names.size() < 2) return std::nullopt;  // an index and at least one data shard
-  SnapshotFiles files;
-  for (const std::string& n : names) {
-    // The worker's manager only ever deletes snapshot files (it never rewrites one while it is
-    // listed), and an unlinked file stays whole for a reader; the identity check catches a
-    // snapshot of the same step written again after a rollback while this read.
-    const std::string path = (dir / n).string();
-    const std::optional<FileId> before = file_id(path);
-    if (!before) return std::nullopt;
-    std::string bytes;
-    try {
-      bytes = read_file(path);
-    } catch (const Error&) {
-      return std::nullopt;
-    }
-    if (file_id(path) != before || static_cast<off_t>(bytes.size()) != before->size) {
-      return std::nullopt;
-    }
-    files.emplace_back(n.substr(str_cat("snap-", step).size()), std::move(bytes));
-  }
-  return files;
+  return read_snapshot(fs::path(dir_) / key, step);
 }
 
 void SnapshotKeeper::store_peer(const std::string& key, int64_t step, SnapshotFiles files) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto& held = peer_[key];
-  held[step] = std::move(files);
-  while (static_cast<int>(held.size()) > o_.keep_per_rank) held.erase(held.begin());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& held = peer_[key];
+    held[step] = std::move(files);
+    while (static_cast<int>(held.size()) > o_.keep_per_rank) held.erase(held.begin());
+  }
+  const std::string world = world_prefix(key);
+  if (!world.empty()) pin_local(std::stoi(world.substr(1)), step);
+}
+
+void SnapshotKeeper::pin_local(int world_size, int64_t step) {
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  const std::string world = str_cat("w", world_size, "-");
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string key = e.path().filename().string();
+    if (!is_rank_directory(e) || key.rfind(world, 0) != 0) continue;
+    const std::vector<int64_t> local = local_steps(key);
+    if (std::find(local.begin(), local.end(), step) == local.end()) continue;
+    const fs::path pinned = fs::path(dir_) / kPinned / key;
+    const fs::path into = pinned / str_cat(step);
+    if (fs::is_directory(into, ec)) continue;
+    const fs::path staging = pinned / str_cat(step, ".tmp");
+    fs::remove_all(staging, ec);
+    fs::create_directories(staging, ec);
+    // The worker only unlinks snapshot files (it never rewrites one in place), so every link
+    // that succeeds is of the committed file; a file rotated away meanwhile fails the pin.
+    int linked = 0;
+    bool whole = !ec;
+    for (const auto& f : fs::directory_iterator(e.path(), ec)) {
+      const std::string n = f.path().filename().string();
+      if (!whole || !snapshot_file(n, step)) continue;
+      whole = ::link(f.path().c_str(), (staging / n).c_str()) == 0;
+      ++linked;
+    }
+    if (!whole || linked < 2 || ::rename(staging.c_str(), into.c_str()) != 0) {
+      fs::remove_all(staging, ec);
+      continue;
+    }
+    std::vector<int64_t> steps = pinned_steps(key);
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + o_.keep_per_rank < steps.size(); ++i) {
+      fs::remove_all(pinned / str_cat(steps[i]), ec);
+    }
+  }
+}
+
+std::vector<int64_t> SnapshotKeeper::pinned_steps(const std::string& key) const {
+  static const std::regex digits(R"(\d+)");
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(dir_) / kPinned / key, ec)) {
+    const std::string n = e.path().filename().string();
+    if (std::regex_match(n, digits)) out.push_back(std::stoll(n));
+  }
+  return out;
+}
+
+std::string SnapshotKeeper::pinned_prefix(const std::string& key, int64_t step) const {
+  const fs::path dir = fs::path(dir_) / kPinned / key / str_cat(step);
+  std::error_code ec;
+  return fs::is_directory(dir, ec) ? (dir / str_cat("snap-", step)).string() : "";
 }
 
 std::optional<SnapshotFiles> SnapshotKeeper::find(const std::string& key, int64_t step) {
@@ -183,8 +258,12 @@ std::optional<SnapshotFiles> SnapshotKeeper::find(const std::string& key, int64_
     }
   }
   const std::vector<int64_t> local = local_steps(key);
-  if (std::find(local.begin(), local.end(), step) == local.end()) return std::nullopt;
-  return read_local(key, step);
+  if (std::find(local.begin(), local.end(), step) != local.end()) {
+    if (auto files = read_local(key, step)) return files;
+  }
+  const std::string pinned = pinned_prefix(key, step);
+  if (pinned.empty()) return std::nullopt;
+  return read_snapshot(fs::path(pinned).parent_path(), step);
 }
 
 SnapshotKeeper::Held SnapshotKeeper::holdings() {
@@ -192,8 +271,12 @@ SnapshotKeeper::Held SnapshotKeeper::holdings() {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string key = e.path().filename().string();
-    if (key == kFetched || !e.is_directory()) continue;
+    if (!is_rank_directory(e)) continue;
     for (int64_t s : local_steps(key)) h.steps[key].push_back(s);
+  }
+  for (const auto& e : fs::directory_iterator(fs::path(dir_) / kPinned, ec)) {
+    const std::string key = e.path().filename().string();
+    for (int64_t s : pinned_steps(key)) h.steps[key].push_back(s);
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [key, held] : peer_) {
@@ -327,6 +410,10 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
       prefix = (fs::path(dir_) / key / str_cat("snap-", *agreed)).string();
       source = str_cat("local memory (node ", o_.node, ")");
       kind = "local_memory";
+    } else if (const std::string pinned = pinned_prefix(key, *agreed); !pinned.empty()) {
+      prefix = pinned;
+      source = str_cat("local memory (node ", o_.node, ", pinned)");
+      kind = "local_memory";
     } else {
       const fs::path fetched = fs::path(dir_) / kFetched / own;
       std::optional<SnapshotFiles> files;
@@ -412,7 +499,7 @@ void SnapshotKeeper::replicate() {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir_, ec)) {
       const std::string key = e.path().filename().string();
-      if (key == kFetched || !e.is_directory()) continue;
+      if (!is_rank_directory(e)) continue;
       const std::vector<int64_t> steps = local_steps(key);
       if (steps.empty()) continue;
       const int64_t newest = *std::max_element(steps.begin(), steps.end());

@@ -76,6 +76,14 @@ class SnapshotKeeper {
   // Reads a committed local snapshot whole; nullopt when it vanished (or changed) meanwhile.
   std::optional<SnapshotFiles> read_local(const std::string& key, int64_t step) const;
   void store_peer(const std::string& key, int64_t step, SnapshotFiles files);
+  // Hard-links this agent's own workers' committed snapshots of `step` (the step a neighbour's
+  // replica just arrived for) into pinned/<key>/<step>/, so that the pair outlives the workers'
+  // rotation: a lost neighbour's ranks are then recoverable together with this node's ranks
+  // however far the replication lags. O(1) per file, nothing copied.
+  void pin_local(int world_size, int64_t step);
+  // The pinned steps of `key`, and the prefix of one ("" when not pinned).
+  std::vector<int64_t> pinned_steps(const std::string& key) const;
+  std::string pinned_prefix(const std::string& key, int64_t step) const;
   std::optional<SnapshotFiles> find(const std::string& key, int64_t step);
   void replicate();
 
@@ -87,7 +95,8 @@ class SnapshotKeeper {
   std::map<int, std::string> restore_;  // rank → prefix to restore
   std::map<int, std::string> source_;   // rank → where it came from
 
-  std::mutex mu_;  // guards the fields below (server and replicator threads)
+  std::mutex pin_mu_;  // serialises pin_local (server threads)
+  std::mutex mu_;      // guards the fields below (server and replicator threads)
   std::condition_variable cv_;
   bool stop_ = false;
   std::string neighbour_;                                         // host:port; empty: none

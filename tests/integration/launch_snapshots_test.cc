@@ -221,6 +221,16 @@ TEST_F(LaunchSnapshots, LostNodeRecoversFromPeerMemoryWithPrivateDirectories) {
   }
   ASSERT_GE(newest_snapshot(dir_ + "/node1/shm", 1), 150) << tail(read_file(n1.log));
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Node 1's agent stalls (a starved replicator, as on a loaded host) while the workers train on
+  // far past the snapshots they keep: its last replica on node 0 is then older than anything
+  // node 0's own worker still keeps, and is recoverable only because node 0 pinned its own
+  // snapshot of that step when the replica arrived.
+  const int stalled_at = newest_snapshot(dir_ + "/node1/shm", 1);
+  ASSERT_EQ(kill(n1.pid, SIGSTOP), 0);
+  while (newest_snapshot(dir_ + "/node1/shm", 1) < stalled_at + 60 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(newest_snapshot(dir_ + "/node1/shm", 1), stalled_at + 60) << tail(read_file(n1.log));
   ASSERT_EQ(kill(n1.pid, SIGKILL), 0);
   EXPECT_EQ(wait_for(n1, Clock::now() + std::chrono::seconds(10)), 128 + SIGKILL);
   fs::remove_all(dir_ + "/node1");  // the host's disk and memory are gone

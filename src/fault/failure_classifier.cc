@@ -111,6 +111,17 @@ std::optional<Failure> detect_lost_node(int node, milliseconds age, double heart
   return f;
 }
 
+Failure rejoined_node(int node, Clock::time_point now, std::optional<int64_t> job_step) {
+  Failure f;
+  f.node = node;
+  f.detector = kDetectHeartbeat;
+  f.detected_at = now;
+  f.last_step = job_step;
+  f.what = str_cat("node ", node, "'s launcher started again (it waits to join the next round); ",
+                   "its workers of this generation are gone");
+  return f;
+}
+
 Failure admit_request(const std::string& joining, int running, int max_nodes, Clock::time_point now,
                       std::optional<int64_t> job_step) {
   Failure f;

@@ -86,6 +86,11 @@ void order_hang_suspects(std::vector<Worker*>& workers, const std::function<bool
 std::optional<Failure> detect_lost_node(int node, milliseconds age, double heartbeat_timeout_s,
                                         Clock::time_point now, std::optional<int64_t> job_step);
 
+// Node `node`, a member of the running generation, waits to join the next round: its launcher
+// was started again, so the one that ran its workers is gone (a lost node brought back faster
+// than its heartbeat timeout).
+Failure rejoined_node(int node, Clock::time_point now, std::optional<int64_t> job_step);
+
 // Not a failure: `joining` waits to join an elastic job running `running` of at most
 // `max_nodes` nodes; the group re-forms to admit it (code 0).
 Failure admit_request(const std::string& joining, int running, int max_nodes, Clock::time_point now,

@@ -228,8 +228,16 @@ void GenerationSupervisor::check_other_nodes(const std::map<std::string, millise
       return;
     }
   }
+  const distribute::Membership m = parts_.rendezvous.client().membership();
+  for (const std::string& joining : m.joining) {
+    const std::optional<int64_t> node = parse_int(joining.substr(joining.find('-') + 1));
+    if (node && *node != o_.node_rank &&
+        std::find(g_.nodes.begin(), g_.nodes.end(), *node) != g_.nodes.end()) {
+      fail(rejoined_node(static_cast<int>(*node), now, job_step_));
+      return;
+    }
+  }
   if (o_.min_nodes < o_.max_nodes && static_cast<int>(g_.nodes.size()) < o_.max_nodes) {
-    const distribute::Membership m = parts_.rendezvous.client().membership();
     if (!m.joining.empty()) {
       fail(admit_request(m.joining.front(), static_cast<int>(g_.nodes.size()), o_.max_nodes, now,
                          job_step_));
@@ -317,10 +325,13 @@ void GenerationSupervisor::fail(Failure f) {
 }
 
 bool GenerationSupervisor::survivable(const Failure& f) {
-  if (o_.on_failure != "survivors" || multi_node() || !parts_.rendezvous.connected()) return false;
-  if (!f.rank || f.preemption || f.admit || f.lost_service || f.remote || received_signal_ != 0) {
+  if (o_.on_failure != "survivors" || !parts_.rendezvous.connected()) return false;
+  if (f.preemption || f.admit || f.lost_service || f.exclude || received_signal_ != 0) {
     return false;
   }
+  // A worker of this node failed; or, across nodes, a worker of another node or a whole node
+  // was lost: this node's workers are the survivors then.
+  if (!f.rank && !(multi_node() && f.node)) return false;
   int running = 0;
   for (const auto& w : group_.workers()) running += w.running ? 1 : 0;
   if (running == 0) return false;

@@ -64,7 +64,18 @@ class Agent {
   // each survivor the generation `g` to join and the snapshot to roll back to, and starts the
   // failed workers again in `group`. False when they cannot continue (no snapshot that every rank
   // holds, the service failed): the caller restarts every worker.
-  bool continue_survivors(const Generation& failed, const Generation& g, WorkerGroup& group);
+  bool continue_survivors(const Generation& failed, const Generation& g, WorkerGroup& group,
+                          std::optional<int> root);
+  // --on-failure survivors: the rank that broadcasts the agreed snapshot to generation `g`'s
+  // newcomers — the lowest surviving rank of every node's `alive` (this node's survivors), when
+  // some rank of `g` is not a survivor — or nullopt (no survivors, no newcomers, or the
+  // broadcast switched off). The same answer on every node: each publishes its survivors on the
+  // coordination service and reads the others'. Throws UnavailableError when a member's answer
+  // does not come within the rendezvous timeout.
+  std::optional<int> agree_state_root(const Generation& g, const std::vector<int>& alive);
+  // Whether this node's survivors can go on: some still run, and each rank of theirs has the
+  // agreed snapshot to roll back to (the same agreement on every node).
+  bool survivors_can_continue(const WorkerGroup& group) const;
   std::vector<std::string> worker_environment(const Generation& g, const Worker& w) const;
   // What the launcher sets for worker `w` of `g` ("NAME=value"), over its own environment
   // without kWorkerDrop.
@@ -134,7 +145,8 @@ int Agent::run() {
       if (survivors) group.stop(ms_of(o_.grace_period_s));
       return recovery_.pending_failure_code().value_or(1);
     }
-    if (survivors && (g->slots != previous->slots || g->world_size != previous->world_size)) {
+    if (survivors && (g->slots != previous->slots || g->world_size != previous->world_size ||
+                      g->rank_offset != previous->rank_offset)) {
       say("survivors: the group changed (", previous->world_size, " -> ", g->world_size,
           " workers); restarting every worker");
       group.stop(ms_of(o_.grace_period_s));
@@ -142,7 +154,28 @@ int Agent::run() {
     }
     announce(*g, previous.has_value(), survivors);
     if (snapshots_) snapshots_->prepare(*g, rendezvous_.client(), recorder_, previous.has_value());
-    if (survivors && !continue_survivors(*previous, *g, group)) {
+    if (survivors && !survivors_can_continue(group)) {
+      group.stop(ms_of(o_.grace_period_s));
+      survivors = false;
+    }
+    // Who sends the agreed snapshot to the newcomers: agreed over every node, since a node may
+    // restart all its workers while another node's survivors go on (every member of the
+    // generation must take part in the broadcast, or none).
+    std::optional<int> root;
+    if (o_.on_failure == "survivors") {
+      std::vector<int> alive;
+      for (const auto& w : group.workers()) {
+        if (survivors && w.running) alive.push_back(w.rank);
+      }
+      try {
+        root = agree_state_root(*g, alive);
+      } catch (const Error& e) {
+        say("survivors: ", e.what(), "; restarting every worker");
+        if (survivors) group.stop(ms_of(o_.grace_period_s));
+        survivors = false;
+      }
+    }
+    if (survivors && !continue_survivors(*previous, *g, group, root)) {
       group.stop(ms_of(o_.grace_period_s));
       survivors = false;
     }
@@ -150,10 +183,12 @@ int Agent::run() {
       group = WorkerGroup();
       // A restart of every worker takes the ready spares first (they skip start-up too).
       const bool restart = previous.has_value();
+      state_root_ = root;  // another node's survivors send them the state
       group.start(
           o_.command, g->slots, g->rank_offset,
           [&](const Worker& w) { return worker_environment(*g, w); },
           [&](const Worker& w) { return restart ? take_spare(*g, w) : std::nullopt; });
+      state_root_.reset();
       for (auto& w : group.workers()) w.generation = g->number;
     }
     if (o_.spares > 0 && !spares_ && !group.workers().empty()) {
@@ -184,30 +219,53 @@ int Agent::run() {
   }
 }
 
-bool Agent::continue_survivors(const Generation& failed, const Generation& g, WorkerGroup& group) {
-  std::vector<Worker*> dead, alive;
-  for (auto& w : group.workers()) (w.running ? alive : dead).push_back(&w);
-  if (alive.empty()) return false;
+bool Agent::survivors_can_continue(const WorkerGroup& group) const {
+  if (!group.any_running()) return false;
   for (const auto& w : group.workers()) {
     if (!snapshots_ || !snapshots_->restore_of(w.rank)) {
       say("survivors: no in-memory snapshot that every rank holds; restarting every worker");
       return false;
     }
   }
+  return true;
+}
+
+std::optional<int> Agent::agree_state_root(const Generation& g, const std::vector<int>& alive) {
+  std::vector<int> all = alive;
+  if (multi_node()) {
+    const auto key = [&](int node) {
+      return str_cat("dtrain/", o_.run_id, "/launch/g", g.number, "/alive/", node);
+    };
+    rendezvous_.client().set(key(o_.node_rank), nlohmann::json(alive).dump());
+    for (int node : g.nodes) {
+      if (node == o_.node_rank) continue;
+      const std::string text = rendezvous_.client().get(key(node), ms_of(o_.rdzv_timeout_s));
+      const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+      DTRAIN_CHECK(j.is_array(), "survivors: node ", node, "'s survivors ", key(node), " = '", text,
+                   "' is not a list of ranks");
+      for (const auto& r : j) all.push_back(r.get<int>());
+    }
+  }
+  if (all.empty() || static_cast<int>(all.size()) >= g.world_size || !state_broadcast_enabled()) {
+    return std::nullopt;
+  }
+  return *std::min_element(all.begin(), all.end());
+}
+
+bool Agent::continue_survivors(const Generation& failed, const Generation& g, WorkerGroup& group,
+                               std::optional<int> root) {
+  std::vector<Worker*> dead, alive;
+  for (auto& w : group.workers()) (w.running ? alive : dead).push_back(&w);
+  if (alive.empty()) return false;
   // The survivors first (they wait in fit for this), then the new processes.
   const std::string rank_list = [&] {
     std::string out;
     for (const Worker* w : alive) out += str_cat(out.empty() ? "" : ", ", w->rank);
     return out;
   }();
-  // The lowest surviving rank broadcasts the agreed snapshot to the newcomers over the new
-  // generation's collectives; their copies in this launcher's memory are the fallback.
-  std::optional<int> root;
-  if (state_broadcast_enabled() && !dead.empty()) {
-    root = (*std::min_element(alive.begin(), alive.end(), [](const Worker* a, const Worker* b) {
-             return a->rank < b->rank;
-           }))->rank;
-  }
+  // The lowest surviving rank (of any node: `root`) broadcasts the agreed snapshot to the
+  // newcomers over the new generation's collectives; their copies in this launcher's memory are
+  // the fallback.
   try {
     for (Worker* w : alive) {
       const auto [prefix, source] = *snapshots_->restore_of(w->rank);

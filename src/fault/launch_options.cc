@@ -65,11 +65,6 @@ void validate_launch_options(const LaunchOptions& o) {
   DTRAIN_CHECK(o.on_failure == "restart-all" || o.on_failure == "survivors",
                "launch: --on-failure '", o.on_failure, "' must be restart-all or survivors");
   if (o.on_failure == "survivors") {
-    DTRAIN_CHECK(
-        o.max_nodes == 1, "launch: --on-failure survivors runs on one node for now (got ",
-        "--nnodes ",
-        o.min_nodes == o.max_nodes ? str_cat(o.max_nodes) : str_cat(o.min_nodes, ":", o.max_nodes),
-        "); use --on-failure restart-all across nodes");
     DTRAIN_CHECK(o.snapshot_every > 0,
                  "launch: --on-failure survivors needs in-memory snapshots (--snapshot-every > 0): "
                  "the survivors roll back to one");

@@ -57,6 +57,7 @@ class WorkerGroup {
   void stop(milliseconds grace);
 
   std::vector<Worker>& workers() { return workers_; }
+  const std::vector<Worker>& workers() const { return workers_; }
   bool any_running() const;
   // Whether some worker's output pipe is still open.
   bool output_open() const;

@@ -275,7 +275,11 @@ void BackupAndRestore::share_state_after_rejoin() {
   if (!state_ || !snapshots_) return;
   TrainingState& ts = state_of(*model(), "BackupAndRestore");
   auto* strategy = dynamic_cast<distribute::MultiWorkerMirroredStrategy*>(ts.strategy);
-  if (strategy != nullptr) snapshots_->share_state(strategy->collectives());
+  if (strategy == nullptr) return;
+  // A newcomer's on_train_begin: with backups per host (several nodes), attach()'s barrier comes
+  // before it receives the state; the survivor meets it there.
+  if (state_->per_host) strategy->barrier();
+  snapshots_->share_state(strategy->collectives());
 }
 
 void BackupAndRestore::backup() {

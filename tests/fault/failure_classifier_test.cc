@@ -151,6 +151,15 @@ TEST(FailureClassifier, NodesAndSignals) {
   EXPECT_EQ(lost->last_step, 5);
   EXPECT_FALSE(lost->ours);
 
+  // A member node whose launcher waits to join again: its workers are gone (not an admission).
+  const Failure rejoined = rejoined_node(1, now, 5);
+  EXPECT_EQ(rejoined.node, 1);
+  EXPECT_FALSE(rejoined.rank.has_value());
+  EXPECT_FALSE(rejoined.admit);
+  EXPECT_NE(rejoined.code, 0);
+  EXPECT_EQ(rejoined.last_step, 5);
+  EXPECT_NE(rejoined.what.find("node 1's launcher started again"), std::string::npos);
+
   const Failure admit = admit_request("node-2", 2, 3, now, 5);
   EXPECT_TRUE(admit.admit);
   EXPECT_EQ(admit.code, 0);

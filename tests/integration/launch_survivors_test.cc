@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "chaos.h"
+#include "dtrain/core/error.h"
 
 namespace dtrain::testing {
 namespace {
@@ -300,6 +301,167 @@ TEST_F(LaunchSurvivors, TwoWorkersKilledAtOnce) {
   std::mt19937 rng(2929);
   const int kills = kill_rounds(p, 3, 2, 3, rng, 150, 600);
   check_result(p, 3, ref, kills);
+}
+
+// Across nodes: two launchers on 127.0.0.1 (one worker each, private snapshot and backup
+// directories) under one coordination service. A worker killed on either node is restarted by
+// its own launcher, while the other node's worker keeps its process; and when a whole node is
+// lost (its launcher SIGKILLed with its worker, its directory deleted) and started again, the
+// other node's worker goes on too. Every job ends bitwise equal to the uninterrupted run.
+class LaunchSurvivorsAcrossNodes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = make_temp_dir();
+    rdzv_ = "127.0.0.1:" + std::to_string(testutil::free_port());
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::system(("rm -rf " + dir_).c_str());
+  }
+
+  std::string log_of(int node, int run = 0) const {
+    return str_cat(dir_, "/n", node, run ? str_cat("-again", run) : std::string(), ".log");
+  }
+  Process start(int node, int run = 0) {
+    const std::string host = str_cat(dir_, "/node", node);  // this host's private directory
+    std::vector<std::string> a = {kDtrain,
+                                  "launch",
+                                  "--nnodes",
+                                  "2",
+                                  "--node-rank",
+                                  std::to_string(node),
+                                  "--nproc-per-node",
+                                  "1",
+                                  "--rdzv",
+                                  rdzv_,
+                                  "--rdzv-timeout",
+                                  "60",
+                                  "--heartbeat-timeout",
+                                  "2",
+                                  "--max-restarts",
+                                  "40",
+                                  "--grace-period",
+                                  "1",
+                                  "--on-failure",
+                                  "survivors",
+                                  "--snapshot-every",
+                                  "3",
+                                  "--snapshot-root",
+                                  host + "/shm",
+                                  "--event-log",
+                                  host + "-events.jsonl",
+                                  "--"};
+    // Backups on the host's own disk (the survivors' callback is BackupAndRestore's).
+    for (const std::string& x :
+         worker(dir_ + "/out.bin", false,
+                {"--checkpoint-dir", host + "/ckpt", "--checkpoint-every", "400"})) {
+      a.push_back(x);
+    }
+    return spawn(a, {}, log_of(node, run));
+  }
+  // "first step done" lines in node `node`'s logs (each worker process prints one).
+  int trained(int node, int runs = 1) const {
+    int n = 0;
+    for (int run = 0; run < runs; ++run) {
+      const std::string log = read_file(log_of(node, run));
+      for (size_t at = log.find("first step done"); at != std::string::npos;
+           at = log.find("first step done", at + 1)) {
+        ++n;
+      }
+    }
+    return n;
+  }
+  // The single worker of launcher `p` once it trains (`count` lines in its node's logs), or -1.
+  pid_t trained_worker(Process& p, int node, int count, int runs = 1) {
+    const auto deadline = Clock::now() + std::chrono::seconds(90);
+    while (Clock::now() < deadline && p.pid > 0) {
+      const std::vector<pid_t> c = children(p.pid);
+      if (c.size() == 1 && trained(node, runs) >= count) return c[0];
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  std::string logs(int runs1 = 1) const {
+    std::string out = "node 0:\n" + tail(read_file(log_of(0))) + "\nnode 1:\n";
+    for (int run = 0; run < runs1; ++run) out += tail(read_file(log_of(1, run)));
+    return out;
+  }
+
+  std::string dir_, rdzv_;
+};
+
+TEST_F(LaunchSurvivorsAcrossNodes, AWorkerKilledOnEitherNodeLeavesTheOtherNodeRunning) {
+  const std::string ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process n[2] = {start(0), start(1)};
+  std::mt19937 rng(2121);
+  int kills = 0, kept = 0;
+  int expect[2] = {1, 1};
+  for (int round = 0; round < 4; ++round) {
+    const pid_t w0 = trained_worker(n[0], 0, expect[0]);
+    const pid_t w1 = trained_worker(n[1], 1, expect[1]);
+    if (w0 < 0 || w1 < 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 400));
+    const int victim = static_cast<int>(rng() % 2);
+    if (kill(victim == 0 ? w0 : w1, SIGKILL) != 0) break;
+    ++kills;
+    ++expect[victim];
+    // The victim's node trains again with a new worker; the other node's is the same process.
+    if (trained_worker(n[victim], victim, expect[victim]) < 0) break;
+    const pid_t other = trained_worker(n[1 - victim], 1 - victim, expect[1 - victim]);
+    EXPECT_EQ(other, victim == 0 ? w1 : w0) << "node " << 1 - victim << "'s worker was restarted "
+                                            << "after a kill on node " << victim << "\n"
+                                            << logs();
+    kept += other == (victim == 0 ? w1 : w0) ? 1 : 0;
+  }
+  ASSERT_EQ(wait_for(n[0], Clock::now() + std::chrono::seconds(180)), 0) << logs();
+  ASSERT_EQ(wait_for(n[1], Clock::now() + std::chrono::seconds(60)), 0) << logs();
+  std::printf("%d kills across 2 nodes; the other node's worker kept its pid %d time(s)\n", kills,
+              kept);
+  ASSERT_GE(kills, 2) << "the job finished before the kills";
+  EXPECT_EQ(kept, kills);
+  EXPECT_TRUE(read_file(dir_ + "/out.bin.rank0") == ref) << "rank 0 differs\n" << logs(2);
+  EXPECT_TRUE(read_file(dir_ + "/out.bin.rank1") == ref) << "rank 1 differs\n" << logs(2);
+  // Each node's launcher recorded the survivors, and the restarted workers were sent their state
+  // by the survivor on the other node.
+  int from_survivor = 0;
+  for (int node = 0; node < 2; ++node) {
+    const auto all = events(str_cat(dir_, "/node", node, "-events.jsonl"));
+    EXPECT_GE(of_kind(all, "survivors").size(), 1u) << "node " << node << "\n" << logs();
+    for (const auto& e : of_kind(all, "snapshot_restore")) {
+      from_survivor += e.value("source", "") == "survivor" ? 1 : 0;
+    }
+  }
+  EXPECT_GE(from_survivor, 1) << logs();
+  EXPECT_EQ((read_file(log_of(0)) + read_file(log_of(1))).find("/backup-"), std::string::npos)
+      << "a recovery read a backup";
+}
+
+TEST_F(LaunchSurvivorsAcrossNodes, ALostNodeStartedAgainJoinsTheRunningSurvivor) {
+  const std::string ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process n0 = start(0);
+  Process n1 = start(1);
+  const pid_t w0 = trained_worker(n0, 0, 1);
+  ASSERT_GT(w0, 0) << logs();
+  ASSERT_GT(trained_worker(n1, 1, 1), 0) << logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(kill(n1.pid, SIGKILL), 0);  // node 1's launcher, and with it its worker
+  EXPECT_EQ(wait_for(n1, Clock::now() + std::chrono::seconds(10)), 128 + SIGKILL);
+  std::system(("rm -rf " + dir_ + "/node1").c_str());  // its disk and memory are gone
+  Process again = start(1, 1);
+  ASSERT_GT(trained_worker(again, 1, 1, 2), 0) << logs(2);
+  EXPECT_EQ(trained_worker(n0, 0, 1), w0) << "node 0's worker did not survive\n" << logs(2);
+  ASSERT_EQ(wait_for(n0, Clock::now() + std::chrono::seconds(180)), 0) << logs(2);
+  ASSERT_EQ(wait_for(again, Clock::now() + std::chrono::seconds(60)), 0) << logs(2);
+  EXPECT_TRUE(read_file(dir_ + "/out.bin.rank0") == ref) << "rank 0 differs\n" << logs(2);
+  EXPECT_TRUE(read_file(dir_ + "/out.bin.rank1") == ref) << "rank 1 differs\n" << logs(2);
+  const auto e0 = events(dir_ + "/node0-events.jsonl");
+  for (const auto& e : of_kind(e0, "failure")) {
+    std::printf("node 0: %s\n", e.value("message", "").c_str());
+  }
+  ASSERT_GE(of_kind(e0, "survivors").size(), 1u) << logs(2);
+  EXPECT_NE(read_file(log_of(0)).find("in the surviving process (no disk read)"), std::string::npos)
+      << logs(2);
 }
 
 // The flag's values and its preconditions are usage errors naming it, before anything starts.

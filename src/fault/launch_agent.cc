@@ -354,6 +354,7 @@ void Agent::start_spares(const Generation& g, const Worker& w) {
   if (!rendezvous_.connected()) return;
   SparesOptions so{.count = o_.spares,
                    .run_id = o_.run_id,
+                   .node = o_.node_rank,
                    .service = rendezvous_.service(),
                    .command = o_.command,
                    .worker_variables = kWorkerDrop,

@@ -85,8 +85,6 @@ void validate_launch_options(const LaunchOptions& o) {
   DTRAIN_CHECK(o.spares >= 0 && o.spares <= kMaxSpares, "launch: --spares ", o.spares,
                " must be in [0, ", kMaxSpares, "]");
   if (o.spares > 0) {
-    DTRAIN_CHECK(o.max_nodes == 1, "launch: --spares runs on one node for now (got --nnodes ",
-                 o.max_nodes, ")");
     DTRAIN_CHECK(o.snapshot_every > 0,
                  "launch: --spares needs in-memory snapshots (--snapshot-every > 0): a spare "
                  "restores one when it takes over");

@@ -43,8 +43,10 @@ Spares::~Spares() {
   }
 }
 
-std::string Spares::key(int id) const {
-  return str_cat("dtrain/", o_.run_id, "/launch/spares/", id);
+std::string Spares::key(int id) const { return str_cat(prefix(), id); }
+
+std::string Spares::prefix() const {
+  return str_cat("dtrain/", o_.run_id, "/launch/spares/n", o_.node, "/");
 }
 
 int Spares::ready() const {
@@ -134,7 +136,7 @@ void Spares::refresh_ready(int64_t generation) {
   next_ready_check_ = Clock::now() + kReadyCheckPeriod;
   std::map<std::string, std::string> keys;
   try {
-    keys = client_.get_prefix(str_cat("dtrain/", o_.run_id, "/launch/spares/"));
+    keys = client_.get_prefix(prefix());
   } catch (const Error& e) {
     say("spares: cannot read which spares stand by: ", e.what());
     return;

@@ -25,7 +25,8 @@ namespace dtrain::fault {
 
 struct SparesOptions {
   int count = 0;                     // K
-  std::string run_id = "default";    // keys under dtrain/<run>/launch/spares/
+  std::string run_id = "default";    // keys under dtrain/<run>/launch/spares/n<node>/
+  int node = 0;                      // --node-rank: each node's launcher keeps its own spares
   std::string service = "";          // host:port of the coordination service (for the spares)
   std::vector<std::string> command;  // the workers' command line
   // Variables a worker gets from the launcher (rank, generation, snapshots...): left out of a
@@ -73,6 +74,7 @@ class Spares {
     Clock::time_point started{};
   };
   std::string key(int id) const;
+  std::string prefix() const;  // dtrain/<run>/launch/spares/n<node>/
   void start_one(int64_t generation);
   void reap(int64_t generation);
   // Marks the spares whose ready key exists (one call to the service).

@@ -321,7 +321,7 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
   std::string log_of(int node, int run = 0) const {
     return str_cat(dir_, "/n", node, run ? str_cat("-again", run) : std::string(), ".log");
   }
-  Process start(int node, int run = 0) {
+  Process start(int node, int run = 0, int spares = 0) {
     const std::string host = str_cat(dir_, "/node", node);  // this host's private directory
     std::vector<std::string> a = {kDtrain,
                                   "launch",
@@ -349,6 +349,8 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
                                   host + "/shm",
                                   "--event-log",
                                   host + "-events.jsonl",
+                                  "--spares",
+                                  std::to_string(spares),
                                   "--"};
     // Backups on the host's own disk (the survivors' callback is BackupAndRestore's).
     for (const std::string& x :
@@ -370,12 +372,33 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
     }
     return n;
   }
-  // The single worker of launcher `p` once it trains (`count` lines in its node's logs), or -1.
-  pid_t trained_worker(Process& p, int node, int count, int runs = 1) {
+  // Node `node`'s standby spares from its event log: pid -> ready.
+  std::map<pid_t, bool> standby(int node) const {
+    std::map<pid_t, bool> out;
+    for (const auto& e : events(str_cat(dir_, "/node", node, "-events.jsonl"))) {
+      const std::string kind = e.value("kind", "");
+      const pid_t pid = e.value("pid", -1);
+      if (kind == "spare_started") out[pid] = false;
+      if (kind == "spare_ready" && out.count(pid)) out[pid] = true;
+      if (kind == "spare_takeover" || kind == "spare_lost") out.erase(pid);
+    }
+    return out;
+  }
+  // The single worker of launcher `p` (not a standby spare) once it trains (`count` lines in its
+  // node's logs) with `spares` spares ready beside it, or -1.
+  pid_t trained_worker(Process& p, int node, int count, int runs = 1, int spares = 0) {
     const auto deadline = Clock::now() + std::chrono::seconds(90);
     while (Clock::now() < deadline && p.pid > 0) {
-      const std::vector<pid_t> c = children(p.pid);
-      if (c.size() == 1 && trained(node, runs) >= count) return c[0];
+      const std::map<pid_t, bool> standing = standby(node);
+      std::vector<pid_t> workers;
+      for (pid_t c : children(p.pid)) {
+        if (!standing.count(c)) workers.push_back(c);
+      }
+      int ready = 0;
+      for (const auto& [pid, r] : standing) ready += r ? 1 : 0;
+      if (workers.size() == 1 && trained(node, runs) >= count && ready >= spares) {
+        return workers[0];
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return -1;
@@ -434,6 +457,52 @@ TEST_F(LaunchSurvivorsAcrossNodes, AWorkerKilledOnEitherNodeLeavesTheOtherNodeRu
   EXPECT_GE(from_survivor, 1) << logs();
   EXPECT_EQ((read_file(log_of(0)) + read_file(log_of(1))).find("/backup-"), std::string::npos)
       << "a recovery read a backup";
+}
+
+// Hot spares on every node: a killed worker's rank goes to its own node's spare, the other
+// node's worker keeps running, and the spare is replaced in the background.
+TEST_F(LaunchSurvivorsAcrossNodes, EachNodesSpareTakesOverItsFailedRank) {
+  const std::string ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process n[2] = {start(0, 0, 1), start(1, 0, 1)};
+  std::mt19937 rng(3131);
+  int kills = 0, kept = 0;
+  int expect[2] = {1, 1};
+  for (int round = 0; round < 3; ++round) {
+    const pid_t w0 = trained_worker(n[0], 0, expect[0], 1, 1);
+    const pid_t w1 = trained_worker(n[1], 1, expect[1], 1, 1);
+    if (w0 < 0 || w1 < 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 300));
+    const int victim = static_cast<int>(rng() % 2);
+    const std::map<pid_t, bool> spares = standby(victim);
+    if (kill(victim == 0 ? w0 : w1, SIGKILL) != 0) break;
+    ++kills;
+    ++expect[victim];
+    const pid_t taken = trained_worker(n[victim], victim, expect[victim]);
+    if (taken < 0) break;
+    EXPECT_TRUE(spares.count(taken))
+        << "node " << victim << "'s rank went to pid " << taken << ", not to its spare\n"
+        << logs();
+    const pid_t other = trained_worker(n[1 - victim], 1 - victim, expect[1 - victim]);
+    EXPECT_EQ(other, victim == 0 ? w1 : w0) << logs();
+    kept += other == (victim == 0 ? w1 : w0) ? 1 : 0;
+  }
+  ASSERT_EQ(wait_for(n[0], Clock::now() + std::chrono::seconds(180)), 0) << logs();
+  ASSERT_EQ(wait_for(n[1], Clock::now() + std::chrono::seconds(60)), 0) << logs();
+  std::printf(
+      "%d kills across 2 nodes with a spare each; the other node's worker kept its pid %d "
+      "time(s)\n",
+      kills, kept);
+  ASSERT_GE(kills, 2) << "the job finished before the kills";
+  EXPECT_EQ(kept, kills);
+  EXPECT_TRUE(read_file(dir_ + "/out.bin.rank0") == ref) << "rank 0 differs\n" << logs();
+  EXPECT_TRUE(read_file(dir_ + "/out.bin.rank1") == ref) << "rank 1 differs\n" << logs();
+  int takeovers = 0;
+  for (int node = 0; node < 2; ++node) {
+    takeovers += static_cast<int>(
+        of_kind(events(str_cat(dir_, "/node", node, "-events.jsonl")), "spare_takeover").size());
+  }
+  EXPECT_EQ(takeovers, kills) << logs();
 }
 
 TEST_F(LaunchSurvivorsAcrossNodes, ALostNodeStartedAgainJoinsTheRunningSurvivor) {

@@ -16,6 +16,8 @@ constexpr milliseconds kDrainTime(1000);     // pipes a leftover grandchild hold
 // Survivors mode: workers that die within this long of the first are restarted with it (two
 // killed at once), instead of failing the next generation as it forms.
 constexpr milliseconds kSurvivorsSettle(50);
+// A hung worker killed by the launcher must be gone before the survivors go on.
+constexpr milliseconds kFenceTimeout(2000);
 }  // namespace
 
 GenerationSupervisor::GenerationSupervisor(const LauncherParts& parts, const Generation& g,
@@ -210,6 +212,13 @@ bool GenerationSupervisor::catch_hung_worker(const std::map<std::string, millise
     f->stack = describe_stuck_process(w->pid, ms_of(o_.stack_timeout_s));
     say("rank ", w->rank, " was doing this:\n", f->stack);
     ::kill(-w->pid, SIGKILL);
+    // Fenced before the others go on: until it is reaped the hung process would count as one of
+    // the survivors (and a stopped one, resumed, would rejoin with its stale state).
+    if (!group_.await_exit(*w, kFenceTimeout)) {
+      say("rank ", w->rank, " (pid ", w->pid, ") did not exit after SIGKILL within ",
+          kFenceTimeout.count(), " ms; restarting every worker");
+      unfenced_ = true;
+    }
     fail(std::move(*f));
     return true;
   }
@@ -325,7 +334,7 @@ void GenerationSupervisor::fail(Failure f) {
 }
 
 bool GenerationSupervisor::survivable(const Failure& f) {
-  if (o_.on_failure != "survivors" || !parts_.rendezvous.connected()) return false;
+  if (o_.on_failure != "survivors" || !parts_.rendezvous.connected() || unfenced_) return false;
   if (f.preemption || f.admit || f.lost_service || f.exclude || received_signal_ != 0) {
     return false;
   }

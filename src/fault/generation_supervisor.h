@@ -96,6 +96,7 @@ class GenerationSupervisor {
   std::optional<Clock::time_point> drain_until_;
   // Survivors mode: until when workers dying at the same moment join the failure.
   std::optional<Clock::time_point> survivors_until_;
+  bool unfenced_ = false;  // a hung worker outlived its SIGKILL: no survivors this time
   Clock::time_point next_monitor_;
   bool locally_done_ = false;  // every worker here exited with 0 (multi-node: wait for the rest)
   bool completed_ = false;

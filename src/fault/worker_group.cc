@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <thread>
 
 #include "dtrain/core/error.h"
 
@@ -127,6 +128,22 @@ std::vector<Worker*> WorkerGroup::reap() {
     reaped.push_back(&w);
   }
   return reaped;
+}
+
+bool WorkerGroup::await_exit(Worker& w, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (w.running) {
+    int status = 0;
+    if (::waitpid(w.pid, &status, WNOHANG) == w.pid) {
+      w.running = false;
+      w.status = status;
+      w.code = exit_code_of(status);
+      return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return true;
 }
 
 void WorkerGroup::signal(int sig) {

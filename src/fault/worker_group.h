@@ -66,6 +66,9 @@ class WorkerGroup {
   void pump_output(int wake_fd, milliseconds timeout);
   // Reaps the workers that exited (without blocking) and returns them.
   std::vector<Worker*> reap();
+  // Waits up to `timeout` for worker `w` (just sent SIGKILL) to exit and reaps it. False when it
+  // is still there (a process in uninterruptible sleep).
+  bool await_exit(Worker& w, milliseconds timeout);
   // Sends `sig` to the process group of every running worker.
   void signal(int sig);
   // Kills (SIGKILL) the workers still running after the grace period, saying so.

@@ -103,11 +103,13 @@ class LaunchSpares : public ::testing::Test {
 
   Process start(int workers, int spares, const std::vector<std::string>& extra = {},
                 const std::string& mode = "survivors") {
-    return spawn(launcher(workers,
-                          {"--on-failure", mode, "--snapshot-every", "3", "--snapshot-root",
-                           dir_ + "/shm", "--spares", std::to_string(spares)},
-                          dir_ + "/events.jsonl", worker(dir_ + "/out.bin", true, extra)),
-                 launcher_env(), dir_ + "/job.log");
+    std::vector<std::string> flags = {
+        "--on-failure",    mode,          "--snapshot-every", "3",
+        "--snapshot-root", dir_ + "/shm", "--spares",         std::to_string(spares)};
+    flags.insert(flags.end(), launcher_flags_.begin(), launcher_flags_.end());
+    return spawn(
+        launcher(workers, flags, dir_ + "/events.jsonl", worker(dir_ + "/out.bin", true, extra)),
+        launcher_env(), dir_ + "/job.log");
   }
 
   // The launcher's environment: DTRAIN_LAUNCH_STATE_BROADCAST (0 switches the survivors'
@@ -339,6 +341,7 @@ class LaunchSpares : public ::testing::Test {
   }
 
   std::string dir_;
+  std::vector<std::string> launcher_flags_;  // more `dtrain launch` flags for start()
   bool broadcast_off_ = false;
   int kept_ = 0, lost_ = 0, taken_ = 0;
 };
@@ -356,6 +359,46 @@ TEST_F(LaunchSpares, RandomKillsAreTakenOverBySpares) {
                            << log_tail(read_file(dir_ + "/job.log"));
   check_bitwise(p, 2, ref, kills);
   check_taken_over(kills, rounds);
+}
+
+// A worker stopped with SIGSTOP (a frozen process: it holds its rank but does nothing) is caught
+// by its heartbeats, fenced — the launcher kills the stopped process, so it can never resume with
+// stale state — and its rank goes to the spare while the other worker keeps running.
+TEST_F(LaunchSpares, AStoppedWorkerIsFencedAndItsRankTakenOver) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  launcher_flags_ = {"--heartbeat-interval", "0.2", "--heartbeat-timeout", "1",
+                     "--stack-timeout",      "0"};
+  Process p = start(2, 1);
+  ASSERT_TRUE(wait_for_state(p, 2, 2, 1)) << log_tail(read_file(dir_ + "/job.log"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::vector<pid_t> before = workers(p);
+  ASSERT_EQ(before.size(), 2u);
+  const pid_t victim = before[1], other = before[0];
+  const auto unix_now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  const double stopped_at = unix_now();
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  // Trained again: the spare took the rank and took its first step.
+  ASSERT_TRUE(wait_for_state(p, 2, 3, 0)) << log_tail(read_file(dir_ + "/job.log"));
+  const std::vector<pid_t> after = workers(p);
+  EXPECT_EQ(std::count(after.begin(), after.end(), victim), 0) << "the stopped worker still runs";
+  EXPECT_EQ(std::count(after.begin(), after.end(), other), 1) << "the other worker was restarted";
+  // Fenced: the stopped process is gone (a stopped process that is only SIGCONTed would rejoin).
+  EXPECT_NE(kill(victim, 0), 0) << "the stopped worker " << victim << " was not killed";
+  const auto all = all_events();
+  const auto failures = of_kind(all, "failure");
+  ASSERT_EQ(failures.size(), 1u) << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_EQ(failures[0].value("detector", ""), "heartbeat") << failures[0].dump();
+  EXPECT_EQ(failures[0].value("pid", -1), victim) << failures[0].dump();
+  std::printf("SIGSTOP: detected %.2f s after the stop (heartbeat timeout 1 s)\n",
+              failures[0].value("time", 0.0) - stopped_at);
+  const auto takeovers = of_kind(all, "spare_takeover");
+  ASSERT_EQ(takeovers.size(), 1u) << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_EQ(takeovers[0].value("rank", -1), failures[0].value("rank", -2)) << takeovers[0].dump();
+  check_bitwise(p, 2, ref, 1);
 }
 
 // Three workers and two spares: first a standby spare is killed (replaced in the background,

@@ -358,7 +358,7 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
                 {"--checkpoint-dir", host + "/ckpt", "--checkpoint-every", "400"})) {
       a.push_back(x);
     }
-    return spawn(a, {}, log_of(node, run));
+    return spawn(a, env_, log_of(node, run));
   }
   // "first step done" lines in node `node`'s logs (each worker process prints one).
   int trained(int node, int runs = 1) const {
@@ -409,17 +409,32 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
     return out;
   }
 
+  // Random kills of either node's worker, `rounds` times; the job's end checked.
+  void kill_either(int rounds, uint32_t seed);
+
   std::string dir_, rdzv_;
+  std::map<std::string, std::string> env_;  // the launchers' (and workers') extra environment
 };
 
 TEST_F(LaunchSurvivorsAcrossNodes, AWorkerKilledOnEitherNodeLeavesTheOtherNodeRunning) {
+  kill_either(4, 2121);
+}
+
+// The same over Gloo's TCP transport (the two "hosts" share this machine's memory, so by
+// default their collectives go through shared memory).
+TEST_F(LaunchSurvivorsAcrossNodes, OverGlooTcpToo) {
+  env_["DTRAIN_SHM_COLLECTIVES"] = "0";
+  kill_either(2, 4242);
+}
+
+void LaunchSurvivorsAcrossNodes::kill_either(int rounds, uint32_t seed) {
   const std::string ref = reference(2);
   ASSERT_FALSE(ref.empty()) << "no reference result";
   Process n[2] = {start(0), start(1)};
-  std::mt19937 rng(2121);
+  std::mt19937 rng(seed);
   int kills = 0, kept = 0;
   int expect[2] = {1, 1};
-  for (int round = 0; round < 4; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     const pid_t w0 = trained_worker(n[0], 0, expect[0]);
     const pid_t w1 = trained_worker(n[1], 1, expect[1]);
     if (w0 < 0 || w1 < 0) break;

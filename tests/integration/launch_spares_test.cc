@@ -496,7 +496,6 @@ TEST(LaunchSparesFlags, BadValuesAreUsageErrors) {
   for (const std::vector<std::string>& flags :
        {std::vector<std::string>{"--spares", "-1"}, std::vector<std::string>{"--spares", "65"},
         std::vector<std::string>{"--spares", "1", "--snapshot-every", "0"},
-        std::vector<std::string>{"--spares", "1", "--nnodes", "2", "--rdzv", "127.0.0.1:1"},
         std::vector<std::string>{"--spares", "1", "--rdzv", "file:///tmp/x"}}) {
     std::vector<std::string> a = {kDtrain, "launch"};
     a.insert(a.end(), flags.begin(), flags.end());

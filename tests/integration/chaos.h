@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -60,6 +61,20 @@ inline std::vector<nlohmann::json> of_kind(const std::vector<nlohmann::json>& al
   std::vector<nlohmann::json> out;
   for (const auto& e : all) {
     if (e.value("kind", "") == kind) out.push_back(e);
+  }
+  return out;
+}
+
+// A launcher's standby spares from its events: pid -> whether it said it is ready. A spare
+// leaves the set when it takes over a rank or dies.
+inline std::map<pid_t, bool> standby_spares(const std::vector<nlohmann::json>& all) {
+  std::map<pid_t, bool> out;
+  for (const auto& e : all) {
+    const std::string kind = e.value("kind", "");
+    const pid_t pid = e.value("pid", -1);
+    if (kind == "spare_started") out[pid] = false;
+    if (kind == "spare_ready" && out.count(pid)) out[pid] = true;
+    if (kind == "spare_takeover" || kind == "spare_lost") out.erase(pid);
   }
   return out;
 }

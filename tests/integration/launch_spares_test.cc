@@ -145,19 +145,8 @@ class LaunchSpares : public ::testing::Test {
     return out;
   }
 
-  // The spares standing by, from the event log: pid -> whether it said it is ready. A spare
-  // leaves the set when it takes over a rank or dies.
-  std::map<pid_t, bool> standby() const {
-    std::map<pid_t, bool> out;
-    for (const auto& e : all_events()) {
-      const std::string kind = e.value("kind", "");
-      const pid_t pid = e.value("pid", -1);
-      if (kind == "spare_started") out[pid] = false;
-      if (kind == "spare_ready" && out.count(pid)) out[pid] = true;
-      if (kind == "spare_takeover" || kind == "spare_lost") out.erase(pid);
-    }
-    return out;
-  }
+  // The spares standing by, from the event log: pid -> whether it said it is ready.
+  std::map<pid_t, bool> standby() const { return standby_spares(all_events()); }
   int ready_spares() const {
     int n = 0;
     for (const auto& [pid, ready] : standby()) n += ready ? 1 : 0;

@@ -374,15 +374,7 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
   }
   // Node `node`'s standby spares from its event log: pid -> ready.
   std::map<pid_t, bool> standby(int node) const {
-    std::map<pid_t, bool> out;
-    for (const auto& e : events(str_cat(dir_, "/node", node, "-events.jsonl"))) {
-      const std::string kind = e.value("kind", "");
-      const pid_t pid = e.value("pid", -1);
-      if (kind == "spare_started") out[pid] = false;
-      if (kind == "spare_ready" && out.count(pid)) out[pid] = true;
-      if (kind == "spare_takeover" || kind == "spare_lost") out.erase(pid);
-    }
-    return out;
+    return standby_spares(events(str_cat(dir_, "/node", node, "-events.jsonl")));
   }
   // The single worker of launcher `p` (not a standby spare) once it trains (`count` lines in its
   // node's logs) with `spares` spares ready beside it, or -1.

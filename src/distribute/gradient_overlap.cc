@@ -106,13 +106,17 @@ void OverlappedGradientReduction::reset_step() {
 
 void OverlappedGradientReduction::finish() {
   if (inline_) {
-    // Every bucket (zeros for gradients that never came) in one collective, then the extras.
+    // Every bucket (zeros for gradients that never came) and the float32 extras in one
+    // collective, as the plain step's one all-reduce; float64 extras in a second.
     try {
       pieces_.clear();
       for (size_t b = 0; b < buckets_.size(); ++b) add_bucket_pieces(b);
+      add_extra_pieces(DType::kFloat32);
       collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
       reduced_.fetch_add(buckets_.size(), std::memory_order_acq_rel);
-      reduce_extras();
+      pieces_.clear();
+      add_extra_pieces(DType::kFloat64);
+      if (!pieces_.empty()) collectives_.all_reduce_in_order(pieces_, DType::kFloat64, 1);
     } catch (...) {
       reset_step();
       throw;
@@ -205,20 +209,24 @@ void OverlappedGradientReduction::add_bucket_pieces(size_t b) {
   }
 }
 
+void OverlappedGradientReduction::add_extra_pieces(DType d) {
+  const size_t elem = dtype_size(d);
+  for (size_t k = 0; k < extra_.size(); ++k) {
+    if (extra_[k].dtype() != d) continue;
+    auto* data = static_cast<char*>(extra_[k].raw_data());
+    for (const SumRange& r : order_[out_.size() + k]) {
+      pieces_.push_back({.src = data + r.begin * elem,
+                         .dst = data + r.begin * elem,
+                         .count = static_cast<size_t>(r.end - r.begin),
+                         .owner = r.owner});
+    }
+  }
+}
+
 void OverlappedGradientReduction::reduce_extras() {
   for (const DType d : {DType::kFloat32, DType::kFloat64}) {
     pieces_.clear();
-    const size_t elem = dtype_size(d);
-    for (size_t k = 0; k < extra_.size(); ++k) {
-      if (extra_[k].dtype() != d) continue;
-      auto* data = static_cast<char*>(extra_[k].raw_data());
-      for (const SumRange& r : order_[out_.size() + k]) {
-        pieces_.push_back({.src = data + r.begin * elem,
-                           .dst = data + r.begin * elem,
-                           .count = static_cast<size_t>(r.end - r.begin),
-                           .owner = r.owner});
-      }
-    }
+    add_extra_pieces(d);
     if (!pieces_.empty()) {
       collectives_.all_reduce_in_order(pieces_, d, buckets_.size() + (d == DType::kFloat64));
     }

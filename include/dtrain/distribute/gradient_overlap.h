@@ -12,7 +12,8 @@
 // Buckets are reduced in bucket order on every worker, whatever order the gradients arrive in.
 // Over the shared-memory transport there is no communication thread and nothing to overlap (a
 // reduction there is the CPU's own work, and both cores run workers): finish() reduces every
-// bucket in one collective, on the thread that ran backward.
+// bucket and the float32 extras in one collective (as the plain step's one all-reduce), on the
+// thread that ran backward.
 //
 //   auto overlap = strategy.make_overlapped_reduction(out, extra);   // null: not enabled
 //   tape.gradient(loss, vars, grads, &on_final);   // on_final(k): overlap->gradient_ready(k, g)
@@ -70,6 +71,7 @@ class OverlappedGradientReduction {
   void loop();
   void reduce_bucket(size_t b);
   void add_bucket_pieces(size_t b);  // bucket b's pieces, appended to pieces_
+  void add_extra_pieces(DType d);    // the extras of dtype d, appended to pieces_
   void reduce_extras();
   // Bucket `item` (counted as reduced), or the extras when item == the number of buckets.
   void reduce_item(size_t item);

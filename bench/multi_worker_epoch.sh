@@ -13,7 +13,7 @@
 # The workers share this host, so their collectives run over shared memory; the plain run is
 # repeated over Gloo's loopback TCP (DTRAIN_SHM_COLLECTIVES=0) for comparison, with its CPU time.
 # SPIN_US=N adds the plain run with DTRAIN_SHM_SPIN_US=N (how long a shared-memory wait spins
-# before it sleeps; default 5) beside the default one, with its CPU time.
+# before it sleeps; default 10) beside the default one, with its CPU time.
 # Usage: bench/multi_worker_epoch.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."

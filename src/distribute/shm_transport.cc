@@ -35,7 +35,7 @@ constexpr const char* kPrefix = "dtrain-coll-";
 // How long a wait spins before it blocks in the kernel (DTRAIN_SHM_SPIN_US overrides it, 0 to
 // 10000): the cores may be shared, so spinning longer would take the core from the peer being
 // waited for (docs/decisions.md).
-constexpr int64_t kDefaultSpinMicros = 5;
+constexpr int64_t kDefaultSpinMicros = 10;  // about what 256 pauses took on the AMD EPYC
 // A blocked wait wakes at least this often to see whether a peer exited.
 constexpr std::chrono::milliseconds kSlice{20};
 constexpr int kMaxRanks = 64;

@@ -12,6 +12,8 @@
 # the overlap and ZeRO runs report their CPU time too.
 # The workers share this host, so their collectives run over shared memory; the plain run is
 # repeated over Gloo's loopback TCP (DTRAIN_SHM_COLLECTIVES=0) for comparison, with its CPU time.
+# SPIN_US=N adds the plain run with DTRAIN_SHM_SPIN_US=N (how long a shared-memory wait spins
+# before it sleeps; default 10) beside the default one, with its CPU time.
 # Usage: bench/multi_worker_epoch.sh [epochs] [rounds]     (needs scripts/build.sh, python3-torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,8 +62,15 @@ print("compute %.3f ms, communication %.3f ms, waiting %.3f ms, other %.3f ms, s
 }
 
 mwg=() mwgcpu=() mw=() mwo=() mwz1=() mwz2=() ddp=() ddpf=() m1=() m2=() mwcpu=() m1cpu=()
-mwocpu=() mwz1cpu=() mwz2cpu=()
+mwocpu=() mwz1cpu=() mwz2cpu=() mws=() mwscpu=()
 for r in $(seq "$rounds"); do
+  if [[ -n "${SPIN_US:-}" ]]; then
+    DTRAIN_SHM_SPIN_US="$SPIN_US" cpu "$tmp/mws.$r" "$dtrain" launch --nproc-per-node 2 -- \
+      "$dtrain" fit --strategy multi-worker --epochs "$epochs" --batch-size 64 --seed 0 \
+      --verbose 2 > "$tmp/mws.$r" 2>&1
+    mws+=("$(dtrain_epoch "$tmp/mws.$r")")
+    mwscpu+=("$(cat "$tmp/mws.$r.cpus")")
+  fi
   cpu "$tmp/mw.$r" "$dtrain" launch --nproc-per-node 2 -- "$dtrain" fit --strategy multi-worker \
     --epochs "$epochs" --batch-size 64 --seed 0 --verbose 2 > "$tmp/mw.$r" 2>&1
   mw+=("$(dtrain_epoch "$tmp/mw.$r")")
@@ -111,6 +120,9 @@ if [[ -x "$floor" ]]; then
   echo "OpenBLAS: kernels $(get openblas_core "$tmp/floor"); $(sed -n 's/^openblas_config //p' "$tmp/floor")"
 fi
 printf '%-52s %10s\n' "2 workers x 32, MultiWorkerMirrored (s/epoch)" "$(median "${mw[@]}")"
+if [[ -n "${SPIN_US:-}" ]]; then
+  printf '%-52s %10s\n' "  ... DTRAIN_SHM_SPIN_US=$SPIN_US" "$(median "${mws[@]}")"
+fi
 printf '%-52s %10s\n' "  ... over Gloo TCP (DTRAIN_SHM_COLLECTIVES=0)" "$(median "${mwg[@]}")"
 printf '%-52s %10s\n' "  ... --overlap-gradients --bucket-cap-mb 0.25" "$(median "${mwo[@]}")"
 printf '%-52s %10s\n' "  ... --shard-optimizer-state 1" "$(median "${mwz1[@]}")"
@@ -120,6 +132,9 @@ printf '%-52s %10s\n' "2 workers x 32, DDP + set_flush_denormal (s/epoch)" "$(me
 printf '%-52s %10s\n' "MirroredStrategy 1 replica, batch 64 (s/epoch)" "$(median "${m1[@]}")"
 printf '%-52s %10s\n' "MirroredStrategy 2 replicas, batch 64 (s/epoch)" "$(median "${m2[@]}")"
 printf '%-52s %10s\n' "  CPU s (user + sys, all processes, whole run)" "$(median "${mwcpu[@]}")"
+if [[ -n "${SPIN_US:-}" ]]; then
+  printf '%-52s %10s\n' "  2 workers DTRAIN_SHM_SPIN_US=$SPIN_US: CPU s" "$(median "${mwscpu[@]}")"
+fi
 printf '%-52s %10s\n' "  2 workers over Gloo TCP: CPU s" "$(median "${mwgcpu[@]}")"
 printf '%-52s %10s\n' "  2 workers --overlap-gradients: CPU s" "$(median "${mwocpu[@]}")"
 printf '%-52s %10s\n' "  2 workers --shard-optimizer-state 1: CPU s" "$(median "${mwz1cpu[@]}")"

@@ -44,8 +44,10 @@ OverlappedGradientReduction::OverlappedGradientReduction(Collectives& collective
   remaining_.resize(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) remaining_[b] = buckets_[b].size();
   // Over shared memory a reduction is the CPU's own copying and adding, not waiting on a wire: a
-  // second thread would only compete with backward for the cores (docs/decisions.md). The
-  // thread that runs backward reduces each bucket itself, as soon as it is complete.
+  // second thread would only compete with backward for the cores (docs/decisions.md), and with
+  // nothing to overlap, reducing each bucket as it completes only added a barrier per bucket. So
+  // finish() reduces every bucket in one collective (the same sums: each element's order is its
+  // owner's), on the thread that ran backward.
   inline_ = collectives.uses_shared_memory();
   if (!inline_) thread_ = start_thread([this] { loop(); });
 }
@@ -72,7 +74,6 @@ void OverlappedGradientReduction::gradient_ready(size_t v, const Tensor& g) {
                  " reported twice in one step");
     src_[v] = g;
     --left;
-    while (next_ < buckets_.size() && remaining_[next_] == 0) reduce_inline(next_++);
     return;
   }
   bool ready = false;
@@ -85,15 +86,6 @@ void OverlappedGradientReduction::gradient_ready(size_t v, const Tensor& g) {
     ready = --left == 0;
   }
   if (ready) cv_.notify_all();
-}
-
-void OverlappedGradientReduction::reduce_inline(size_t item) noexcept {
-  if (error_) return;  // the collectives are broken: finish() rethrows the first error
-  try {
-    reduce_item(item);
-  } catch (...) {
-    error_ = std::current_exception();
-  }
 }
 
 void OverlappedGradientReduction::reduce_item(size_t item) {
@@ -114,11 +106,22 @@ void OverlappedGradientReduction::reset_step() {
 
 void OverlappedGradientReduction::finish() {
   if (inline_) {
-    // The buckets whose gradients never came (zeros), then the extras.
-    while (next_ <= buckets_.size()) reduce_inline(next_++);
-    std::exception_ptr error = std::exchange(error_, nullptr);
+    // Every bucket (zeros for gradients that never came) and the float32 extras in one
+    // collective, as the plain step's one all-reduce; float64 extras in a second.
+    try {
+      pieces_.clear();
+      for (size_t b = 0; b < buckets_.size(); ++b) add_bucket_pieces(b);
+      add_extra_pieces(DType::kFloat32);
+      collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
+      reduced_.fetch_add(buckets_.size(), std::memory_order_acq_rel);
+      pieces_.clear();
+      add_extra_pieces(DType::kFloat64);
+      if (!pieces_.empty()) collectives_.all_reduce_in_order(pieces_, DType::kFloat64, 1);
+    } catch (...) {
+      reset_step();
+      throw;
+    }
     reset_step();
-    if (error) std::rethrow_exception(error);
     return;
   }
   std::exception_ptr error;
@@ -188,6 +191,11 @@ void OverlappedGradientReduction::loop() {
 
 void OverlappedGradientReduction::reduce_bucket(size_t b) {
   pieces_.clear();
+  add_bucket_pieces(b);
+  collectives_.all_reduce_in_order(pieces_, DType::kFloat32, b);
+}
+
+void OverlappedGradientReduction::add_bucket_pieces(size_t b) {
   for (size_t v : buckets_[b]) {
     const Tensor& g = src_[v];
     const auto* src = g.defined() ? static_cast<const float*>(g.raw_data()) : nullptr;
@@ -199,23 +207,26 @@ void OverlappedGradientReduction::reduce_bucket(size_t b) {
                          .owner = r.owner});
     }
   }
-  collectives_.all_reduce_in_order(pieces_, DType::kFloat32, b);
+}
+
+void OverlappedGradientReduction::add_extra_pieces(DType d) {
+  const size_t elem = dtype_size(d);
+  for (size_t k = 0; k < extra_.size(); ++k) {
+    if (extra_[k].dtype() != d) continue;
+    auto* data = static_cast<char*>(extra_[k].raw_data());
+    for (const SumRange& r : order_[out_.size() + k]) {
+      pieces_.push_back({.src = data + r.begin * elem,
+                         .dst = data + r.begin * elem,
+                         .count = static_cast<size_t>(r.end - r.begin),
+                         .owner = r.owner});
+    }
+  }
 }
 
 void OverlappedGradientReduction::reduce_extras() {
   for (const DType d : {DType::kFloat32, DType::kFloat64}) {
     pieces_.clear();
-    const size_t elem = dtype_size(d);
-    for (size_t k = 0; k < extra_.size(); ++k) {
-      if (extra_[k].dtype() != d) continue;
-      auto* data = static_cast<char*>(extra_[k].raw_data());
-      for (const SumRange& r : order_[out_.size() + k]) {
-        pieces_.push_back({.src = data + r.begin * elem,
-                           .dst = data + r.begin * elem,
-                           .count = static_cast<size_t>(r.end - r.begin),
-                           .owner = r.owner});
-      }
-    }
+    add_extra_pieces(d);
     if (!pieces_.empty()) {
       collectives_.all_reduce_in_order(pieces_, d, buckets_.size() + (d == DType::kFloat64));
     }

@@ -86,17 +86,19 @@ ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
       for (const Part& p : parts[v]) {
         const int64_t b = std::max(r.begin, p.begin), e = std::min(r.end, p.end);
         if (b >= e) continue;
+        // Both stages reduce-scatter: only the owner of a row needs its sum (stage 1 keeps it in
+        // its rows of the whole-size buffer; summing every row everywhere, as an all-reduce
+        // does, cost stage 1 the plain step's reduction and the all-gather on top).
         void* dst = nullptr;
-        if (stage_ == 1) {
-          dst = full_grads_[v].data<float>() + b;
-        } else if (p.mine >= 0) {
-          dst = shard_grads_[p.mine].data<float>() + (b - p.begin);
+        if (p.mine >= 0) {
+          dst = stage_ == 1 ? full_grads_[v].data<float>() + b
+                            : shard_grads_[p.mine].data<float>() + (b - p.begin);
         }
         templates_.push_back({.var = v,
                               .begin = b,
                               .count = static_cast<size_t>(e - b),
                               .owner = r.owner,
-                              .keep = stage_ == 1 ? -1 : p.shard,
+                              .keep = p.shard,
                               .dst = dst});
       }
     }
@@ -108,8 +110,8 @@ ShardedOptimizerUpdate::ShardedOptimizerUpdate(Collectives& collectives,
   flat_.resize(partition_.total_elements);
   var_bytes_.resize(vars_.size());
   if (optimizer.clipping().by_norm()) {
-    // Stage 2's row sums of squares, gathered in rank order: shards are consecutive rows, so that
-    // is every variable's rows in order (row_variable_: whose row each one is).
+    // The shards' row sums of squares, gathered in rank order: shards are consecutive rows, so
+    // that is every variable's rows in order (row_variable_: whose row each one is).
     for (int k = 0; k < n; ++k) {
       size_t rows = 0;
       for (const RowSlice& s : partition_.shards[k]) {
@@ -183,9 +185,11 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
                        .owner = t.owner,
                        .keep = t.keep});
   }
-  // The extras (the step's flags, moving statistics) in collectives of their own, after the
-  // gradients. (Riding the gradients' reduction gives the same sums, but broke the survivors'
-  // bitwise rejoin of launch_survivors_test; not understood yet, so left as it was.)
+  // The float32 extras (the step's flags, moving statistics) ride the gradients' reduction,
+  // summed everywhere, as in the plain step's all-reduce: one barrier fewer per step. (Session 6
+  // saw this break launch_survivors_test's rejoin, most likely through a survivor that ran a
+  // backup's collectives at other steps than its peer, fixed after; the test passes now.)
+  // float64 extras go in a second one.
   const auto extra_pieces = [&](DType d) {
     const size_t elem = dtype_size(d);
     for (size_t k = 0; k < extra_.size(); ++k) {
@@ -199,10 +203,8 @@ void ShardedOptimizerUpdate::reduce(std::span<const Tensor> grads) {
       }
     }
   };
-  collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
-  pieces_.clear();
   extra_pieces(DType::kFloat32);
-  if (!pieces_.empty()) collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 1);
+  collectives_.all_reduce_in_order(pieces_, DType::kFloat32, 0);
   if (stage_ == 1) {
     for (size_t i = 0; i < mine.size(); ++i) {
       const Tensor& full = full_grads_[mine[i].variable];
@@ -230,31 +232,25 @@ bool ShardedOptimizerUpdate::all_finite() {
 }
 
 // Clipping by norm needs every variable's norm, summed as Optimizer::squared_norm sums it over
-// the whole summed gradient: each row in element order, then the rows in order. Stage 1 holds the
-// whole sum on every worker; in stage 2 each worker sums its own rows and the row sums are
-// all-gathered (a copy, so every worker adds the same doubles in the same order).
+// the whole summed gradient: each row in element order, then the rows in order. Each worker holds
+// the sums of its own rows only (both stages reduce-scatter), so it sums its rows' squares and the
+// row sums are all-gathered (a copy, so every worker adds the same doubles in the same order).
 void ShardedOptimizerUpdate::compute_clip_scales() {
   using optim::Optimizer;
   const optim::GradientClipping& clipping = optimizer_.clipping();
-  if (stage_ == 1) {
-    for (size_t v = 0; v < vars_.size(); ++v) {
-      squared_norms_[v] = Optimizer::squared_norm(full_grads_[v]);
+  size_t at = 0;
+  const std::vector<RowSlice>& shards = partition_.shards[rank_];
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int64_t rows = shards[i].row_end - shards[i].row_begin;
+    const int64_t row = rows == 0 ? 0 : shard_grads_[i].num_elements() / rows;
+    const float* g = shard_grads_[i].data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      local_rows_[at++] = Optimizer::row_sum_of_squares(g + r * row, row);
     }
-  } else {
-    size_t at = 0;
-    const std::vector<RowSlice>& mine = partition_.shards[rank_];
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const int64_t rows = mine[i].row_end - mine[i].row_begin;
-      const int64_t row = rows == 0 ? 0 : shard_grads_[i].num_elements() / rows;
-      const float* g = shard_grads_[i].data<float>();
-      for (int64_t r = 0; r < rows; ++r) {
-        local_rows_[at++] = Optimizer::row_sum_of_squares(g + r * row, row);
-      }
-    }
-    collectives_.all_gather_v(local_rows_.data(), all_rows_.data(), row_bytes_);
-    std::fill(squared_norms_.begin(), squared_norms_.end(), 0.0);
-    for (size_t r = 0; r < all_rows_.size(); ++r) squared_norms_[row_variable_[r]] += all_rows_[r];
   }
+  collectives_.all_gather_v(local_rows_.data(), all_rows_.data(), row_bytes_);
+  std::fill(squared_norms_.begin(), squared_norms_.end(), 0.0);
+  for (size_t r = 0; r < all_rows_.size(); ++r) squared_norms_[row_variable_[r]] += all_rows_[r];
   const std::vector<RowSlice>& mine = partition_.shards[rank_];
   if (clipping.clipnorm > 0.0) {
     for (size_t i = 0; i < mine.size(); ++i) {
@@ -320,7 +316,7 @@ size_t ShardedOptimizerUpdate::slot_bytes() const {
 }
 
 size_t ShardedOptimizerUpdate::gradient_bytes() const {
-  size_t bytes = 0;  // stage 1 keeps the whole sum (its shard is a copy of its rows)
+  size_t bytes = 0;  // stage 1 keeps a whole-size buffer (only its rows' sums are written)
   for (const Tensor& g : stage_ == 1 ? full_grads_ : shard_grads_) bytes += g.nbytes();
   return bytes;
 }

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -31,9 +32,10 @@ constexpr uint64_t kMagic = 0x3176686d73727464;  // "dtrshmv1"
 constexpr size_t kLine = 64;
 constexpr size_t kPage = 4096;
 constexpr const char* kPrefix = "dtrain-coll-";
-// Spins (a few microseconds) before a wait blocks in the kernel: the cores may be shared, so
-// spinning longer would take the core from the peer being waited for (docs/decisions.md).
-constexpr int kSpinIterations = 256;
+// How long a wait spins before it blocks in the kernel (DTRAIN_SHM_SPIN_US overrides it, 0 to
+// 10000): the cores may be shared, so spinning longer would take the core from the peer being
+// waited for (docs/decisions.md).
+constexpr int64_t kDefaultSpinMicros = 10;  // about what 256 pauses took on the AMD EPYC
 // A blocked wait wakes at least this often to see whether a peer exited.
 constexpr std::chrono::milliseconds kSlice{20};
 constexpr int kMaxRanks = 64;
@@ -173,6 +175,18 @@ void sum_owned(DType d, char* out, const char* const* in, int n, int owner, size
   }
 }
 
+std::chrono::microseconds spin_from_environment() {
+  const char* env = std::getenv("DTRAIN_SHM_SPIN_US");
+  if (env == nullptr || *env == '\0') return std::chrono::microseconds(kDefaultSpinMicros);
+  char* end = nullptr;
+  const long long v = std::strtoll(env, &end, 10);
+  if (*end != '\0' || v < 0 || v > 10000) {
+    throw InvalidArgumentError(
+        str_cat("DTRAIN_SHM_SPIN_US is '", env, "': expected microseconds from 0 to 10000"));
+  }
+  return std::chrono::microseconds(v);
+}
+
 }  // namespace
 
 struct ShmTransport::Header {
@@ -186,6 +200,7 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(KeyValueStore& store, const 
                                                     std::string* why_not) {
   const int n = options.world_size;
   const int r = options.rank;
+  const std::chrono::microseconds spin = spin_from_environment();  // a bad value throws here
   const std::string identity = host_identity();
   const bool vote = options.enabled && n >= 2 && n <= kMaxRanks && !identity.empty();
   store.set(str_cat("shm/host/", r), str_cat(vote ? "1" : "0", " ", ::getpid(), " ", identity));
@@ -301,6 +316,7 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(KeyValueStore& store, const 
     return nullptr;  // the destructor unmaps; nobody waits on the segment
   }
   t->name_ = name;
+  t->spin_ = spin;
   t->pidfds_.assign(n, -1);
   for (int k = 0; k < n; ++k) {
     if (k == r || pids[k] == ::getpid()) continue;
@@ -374,9 +390,11 @@ void ShmTransport::check_peers() {
 
 void ShmTransport::wait_for(int peer, uint32_t epoch, Clock::time_point deadline) {
   RankControl& c = control(base_, peer);
-  for (int i = 0; i < kSpinIterations; ++i) {
+  const auto spin_until = Clock::now() + spin_;
+  for (int i = 0;; ++i) {
     if (reached(c.arrived.load(std::memory_order_acquire), epoch)) return;
     cpu_relax();
+    if ((i & 31) == 31 && Clock::now() >= spin_until) break;
   }
   while (true) {
     check_peers();
@@ -497,11 +515,21 @@ void ShmTransport::all_reduce_in_order(std::span<const OrderedPiece> pieces, DTy
     total += p.count;
   }
   const int me = options_.rank;
+  // A piece only this rank keeps is summed with its own part read where it is: no peer reads it
+  // from the region, so it is not copied there (with two workers and ZeRO, half the copy-in).
+  // Not for a piece summed in place (its output would overwrite its input between the passes of
+  // three or more ranks).
+  auto direct = [&](const OrderedPiece& p) {
+    if (p.keep != me || p.src == nullptr) return false;
+    const auto s = reinterpret_cast<uintptr_t>(p.src), d = reinterpret_cast<uintptr_t>(p.dst);
+    return s + p.count * elem <= d || d + p.count * elem <= s;
+  };
   windows(
       total, region_bytes_ / elem,
       [&](char* dst, size_t w0, size_t len) {
         each_run(w0, w0 + len, [&](const Run& run, size_t b, size_t e) {
           const OrderedPiece& p = pieces[&run - runs_.data()];
+          if (direct(p)) return;
           if (p.src == nullptr) {
             std::memset(dst + (b - w0) * elem, 0, (e - b) * elem);
           } else {
@@ -514,8 +542,12 @@ void ShmTransport::all_reduce_in_order(std::span<const OrderedPiece> pieces, DTy
         each_run(w0, w0 + len, [&](const Run& run, size_t b, size_t e) {
           const OrderedPiece& p = pieces[&run - runs_.data()];
           if (p.keep >= 0 && p.keep != me) return;  // another worker's: not even summed here
-          sum_owned(dtype, static_cast<char*>(p.dst) + (b - run.begin) * elem, in, n, run.owner,
-                    (b - w0) * elem, e - b);
+          char* out = static_cast<char*>(p.dst) + (b - run.begin) * elem;
+          if (!direct(p)) return sum_owned(dtype, out, in, n, run.owner, (b - w0) * elem, e - b);
+          const char* from[kMaxRanks];
+          for (int k = 0; k < n; ++k) from[k] = in[k] + (b - w0) * elem;
+          from[me] = static_cast<const char*>(p.src) + (b - run.begin) * elem;
+          sum_owned(dtype, out, from, n, run.owner, 0, e - b);
         });
       });
 }

@@ -115,7 +115,8 @@ class ShmTransport {
   std::vector<int> pidfds_;  // per rank; -1 for this process and where pidfd_open failed
   std::vector<int64_t> pids_;
   std::vector<Run> runs_;
-  std::vector<size_t> starts_;  // each segment's element offset in the packed stream
+  std::vector<size_t> starts_;          // each segment's element offset in the packed stream
+  std::chrono::microseconds spin_{10};  // how long a wait spins before it sleeps
   bool left_ = false;
 };
 

@@ -121,9 +121,9 @@ int thread_count() {
   return n;
 }
 
-// Over shared memory a reduction is copying and adding on the CPU: the thread running backward
-// reduces each complete bucket itself, with no communication thread to compete with it for the
-// cores. Over Gloo the thread overlaps the wire's latency with backward.
+// Over shared memory a reduction is copying and adding on the CPU: with no communication thread
+// to compete with backward for the cores, finish() reduces every bucket in one collective on the
+// thread that ran backward. Over Gloo the thread overlaps the wire's latency with backward.
 TEST(OverlapTest, OverSharedMemoryTheBackwardThreadReducesTheBuckets) {
   for (const bool shared_memory : {true, false}) {
     std::atomic<int> added{0};
@@ -141,8 +141,8 @@ TEST(OverlapTest, OverSharedMemoryTheBackwardThreadReducesTheBuckets) {
                 c.barrier();
                 overlap.gradient_ready(1, grads[1]);
                 if (shared_memory) {
-                  // Reduced on this thread, before gradient_ready returned.
-                  EXPECT_EQ(overlap.buckets_reduced(), 1u);
+                  // Not reduced yet: every bucket goes in finish()'s one collective.
+                  EXPECT_EQ(overlap.buckets_reduced(), 0u);
                 }
                 overlap.gradient_ready(0, grads[0]);
                 overlap.finish();
@@ -155,22 +155,27 @@ TEST(OverlapTest, OverSharedMemoryTheBackwardThreadReducesTheBuckets) {
 }
 
 TEST(OverlapTest, ABucketIsReducedWhileLaterGradientsAreStillMissing) {
-  run_ranks(2, [&](int r, Collectives& c) {
-    std::vector<Tensor> grads = {values(r, 100, 1), values(r, 100, 2)};
-    std::vector<Tensor> out = {Tensor(Shape{100}), Tensor(Shape{100})};
-    OverlappedGradientReduction overlap(c, out, {}, 64);  // one bucket per variable
-    ASSERT_EQ(overlap.buckets().size(), 2u);
-    EXPECT_EQ(overlap.buckets()[0], std::vector<size_t>{1});
-    overlap.gradient_ready(1, grads[1]);
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (overlap.buckets_reduced() == 0 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(1ms);
-    }
-    EXPECT_EQ(overlap.buckets_reduced(), 1u) << "the first bucket waited for the whole backward";
-    overlap.gradient_ready(0, grads[0]);
-    overlap.finish();
-    EXPECT_EQ(overlap.buckets_reduced(), 2u);
-  });
+  // Over Gloo: its communication thread (over shared memory the buckets wait for finish()).
+  run_ranks(
+      2,
+      [&](int r, Collectives& c) {
+        std::vector<Tensor> grads = {values(r, 100, 1), values(r, 100, 2)};
+        std::vector<Tensor> out = {Tensor(Shape{100}), Tensor(Shape{100})};
+        OverlappedGradientReduction overlap(c, out, {}, 64);  // one bucket per variable
+        ASSERT_EQ(overlap.buckets().size(), 2u);
+        EXPECT_EQ(overlap.buckets()[0], std::vector<size_t>{1});
+        overlap.gradient_ready(1, grads[1]);
+        const auto deadline = std::chrono::steady_clock::now() + 60s;
+        while (overlap.buckets_reduced() == 0 && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(1ms);
+        }
+        EXPECT_EQ(overlap.buckets_reduced(), 1u)
+            << "the first bucket waited for the whole backward";
+        overlap.gradient_ready(0, grads[0]);
+        overlap.finish();
+        EXPECT_EQ(overlap.buckets_reduced(), 2u);
+      },
+      {.shared_memory = false});
 }
 
 TEST(OverlapTest, GradientsThatNeverCameAreSummedAsZeros) {

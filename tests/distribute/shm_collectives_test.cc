@@ -21,8 +21,10 @@
 #include <span>
 #include <thread>
 
+#include "distribute/shm_transport.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/collectives.h"
+#include "dtrain/distribute/key_value_store.h"
 #include "dtrain/distribute/rendezvous.h"
 #include "testutil/ranks.h"
 #include "testutil/temp_dir.h"
@@ -87,7 +89,7 @@ std::vector<Bytes> run_everything(int n, bool shared_memory, std::vector<int>* u
                 if (step == 0) append(mine, ts.back().to_vector<int32_t>());
               }
               // Ordered pieces: odd counts, every owner, some kept by one worker, some without
-              // input.
+              // input, some summed in place (kept by one worker or by all).
               for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
                 std::mt19937 gen(99);  // the same pieces on every rank
                 std::vector<std::vector<double>> src, dst;
@@ -103,9 +105,12 @@ std::vector<Bytes> run_everything(int n, bool shared_memory, std::vector<int>* u
                     std::memcpy(src.back().data(), f.data(), f.size() * sizeof(float));
                   }
                   const bool has_output = keep < 0 || keep == r;
-                  dst.emplace_back(has_output ? count : 0, -1.0);
+                  const bool in_place = i % 5 == 1 && !no_input && has_output;
+                  dst.emplace_back(has_output && !in_place ? count : 0, -1.0);
                   pieces.push_back({.src = no_input ? nullptr : src.back().data(),
-                                    .dst = has_output ? dst.back().data() : nullptr,
+                                    .dst = in_place     ? src.back().data()
+                                           : has_output ? dst.back().data()
+                                                        : nullptr,
                                     .count = count,
                                     .owner = owner,
                                     .keep = std::max(keep, -1)});
@@ -113,7 +118,7 @@ std::vector<Bytes> run_everything(int n, bool shared_memory, std::vector<int>* u
                 c.all_reduce_in_order(pieces, dtype, 0);
                 for (size_t i = 0; i < pieces.size(); ++i) {
                   if (pieces[i].dst == nullptr) continue;
-                  const auto* p = reinterpret_cast<const char*>(dst[i].data());
+                  const auto* p = static_cast<const char*>(pieces[i].dst);
                   mine.insert(mine.end(), p, p + pieces[i].count * dtype_size(dtype));
                 }
               }
@@ -196,6 +201,28 @@ TEST(ShmCollectivesTest, EveryWorkerMustAgree) {
   setenv("DTRAIN_SHM_COLLECTIVES", "0", 1);
   run_ranks(2, [](int, Collectives& c) { EXPECT_FALSE(c.uses_shared_memory()); });
   unsetenv("DTRAIN_SHM_COLLECTIVES");
+  // How long waits spin: any value gives the same sums; a malformed one is refused, named.
+  for (const char* spin : {"0", "200"}) {
+    setenv("DTRAIN_SHM_SPIN_US", spin, 1);
+    run_ranks(2, [](int r, Collectives& c) {
+      EXPECT_TRUE(c.uses_shared_memory());
+      std::vector<Tensor> ts{Tensor::full({3}, r + 1.0)};
+      c.all_reduce(ts, ReduceOp::kSum);
+      EXPECT_EQ(ts[0].to_vector<float>()[0], 3.0f);
+    });
+  }
+  setenv("DTRAIN_SHM_SPIN_US", "5us", 1);
+  try {
+    InMemoryKeyValueStore one;
+    ShmOptions options;
+    options.world_size = 2;
+    ShmTransport::connect(one, options, nullptr);
+    ADD_FAILURE() << "a malformed DTRAIN_SHM_SPIN_US was accepted";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_SHM_SPIN_US is '5us'"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("DTRAIN_SHM_SPIN_US");
 }
 
 std::string pid_ns_digits() {

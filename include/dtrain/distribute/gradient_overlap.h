@@ -10,8 +10,10 @@
 // in (Collectives::summation_order of the gradients followed by the extras), so the result is
 // bitwise that of Strategy::reduce_gradients for any bucket size and any number of workers.
 // Buckets are reduced in bucket order on every worker, whatever order the gradients arrive in.
-// Over the shared-memory transport there is no communication thread: gradient_ready() reduces
-// each bucket on the thread running backward as soon as the bucket is complete.
+// Over the shared-memory transport there is no communication thread and nothing to overlap (a
+// reduction there is the CPU's own work, and both cores run workers): finish() reduces every
+// bucket and the float32 extras in one collective (as the plain step's one all-reduce), on the
+// thread that ran backward.
 //
 //   auto overlap = strategy.make_overlapped_reduction(out, extra);   // null: not enabled
 //   tape.gradient(loss, vars, grads, &on_final);   // on_final(k): overlap->gradient_ready(k, g)
@@ -68,12 +70,11 @@ class OverlappedGradientReduction {
  private:
   void loop();
   void reduce_bucket(size_t b);
+  void add_bucket_pieces(size_t b);  // bucket b's pieces, appended to pieces_
+  void add_extra_pieces(DType d);    // the extras of dtype d, appended to pieces_
   void reduce_extras();
   // Bucket `item` (counted as reduced), or the extras when item == the number of buckets.
   void reduce_item(size_t item);
-  // Without the thread: reduces bucket `item` (buckets_.size(): the extras) here, keeping the
-  // first error for finish().
-  void reduce_inline(size_t item) noexcept;
   void reset_step();  // the next step's counts; drops this step's gradients
 
   Collectives& collectives_;
@@ -94,7 +95,7 @@ class OverlappedGradientReduction {
   bool busy_ = false;                // the thread is reducing
   bool dropping_ = false;            // abandon(): no more reductions this step
   bool stop_ = false;
-  bool inline_ = false;  // over shared memory: no thread (reductions in gradient_ready, finish)
+  bool inline_ = false;  // over shared memory: no thread (every bucket reduced in finish)
   std::exception_ptr error_;
   std::atomic<size_t> reduced_{0};
   std::thread thread_;

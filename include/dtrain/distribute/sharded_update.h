@@ -2,15 +2,16 @@
 // shard_optimizer_state; ZeRO stages 1 and 2). The trainable variables are partitioned with
 // partition_rows(shapes, num_workers) (core/partition.h, the layout sharded checkpoints use):
 // worker k owns shard k's rows, and its optimizer keeps slots for those rows only.
-//   stage 1: the gradients are all-reduced (every worker holds the whole sum), each worker
-//            updates its rows;
-//   stage 2: the gradients are reduce-scattered to their owners: each worker keeps only the
-//            sums of its rows (the other gradient buffers are never allocated);
+//   stage 1: the gradients are reduce-scattered to their owners into a whole-size buffer of
+//            summed gradients (only this worker's rows are written), each worker updates its rows;
+//   stage 2: the same reduce-scatter, but each worker keeps only the sums of its rows (the
+//            other gradient buffers are never allocated);
 // then the updated rows are all-gathered, so every worker holds every variable again. Every
 // element is summed in the order of the unsharded all-reduce (Collectives::summation_order) and
 // every optimizer updates element-wise, so the variables are bitwise those of the unsharded step.
 // Clipping by norm (clipnorm, global_clipnorm) works too: each variable's norm is summed row by
-// row as the unsharded update sums it (stage 2 all-gathers its rows' sums: one double per row).
+// row as the unsharded update sums it (the workers all-gather their rows' sums: one double per
+// row).
 //
 // Used from the thread that runs fit's step; nothing else may use the collectives meanwhile.
 #pragma once
@@ -63,7 +64,7 @@ class ShardedOptimizerUpdate {
   void gather_slots();
 
   // Bytes this worker holds in optimizer slots for the variables, and in summed gradients
-  // (stage 1: all of them; stage 2: its rows').
+  // (stage 1: a whole-size buffer; stage 2: its rows').
   size_t slot_bytes() const;
   size_t gradient_bytes() const;
 

@@ -92,9 +92,10 @@ class MemorySnapshots {
   // UnavailableError when the service cannot be reached, DataLossError for a malformed value.
   static NextGeneration await_next_generation(
       int64_t generation, std::chrono::milliseconds timeout = std::chrono::seconds(60));
-  // Rolls this process back to snapshot `prefix` (a survivor joining the next generation): waits
-  // for the pending snapshot writes, restores `prefix` into `ckpt`, and continues the schedule
-  // from its step. Throws DataLossError naming the snapshot when it cannot be restored.
+  // Rolls this process back to snapshot `prefix` (a survivor joining the next generation):
+  // restores `prefix` into `ckpt` (no snapshot is in flight: they are written synchronously) and
+  // continues the schedule from its step, rewriting the later steps' snapshots. Throws
+  // DataLossError naming the snapshot when it cannot be restored.
   void roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next);
   // A survivor after roll_back() (and the seed agreement a fresh fit() runs first): takes part in
   // the broadcast of the agreed snapshot to the newcomers of the generation (as the root when

@@ -71,10 +71,10 @@ for bin in "${binaries[@]}"; do
   overheads=$(awk -v bin="$bin" -v every="$every" '
     $2 == bin && $3 == 0 { w0[$1] = $4; c0[$1] = $5 }
     $2 == bin && $3 == every { w1[$1] = $4; c1[$1] = $5 }
-    END { for (r in w0) if (r in w1) printf "%.2f %.2f\n", 100 * (w1[r] / w0[r] - 1), 100 * (c1[r] / c0[r] - 1) }' "$results")
+    END { for (r = 1; r <= 1000; r++) if ((r in w0) && (r in w1)) printf "%.1f %.1f\n", 100 * (w1[r] / w0[r] - 1), 100 * (c1[r] / c0[r] - 1) }' "$results")
   n=$(echo "$overheads" | wc -l)
   m=$(((n + 1) / 2))
   wall=$(echo "$overheads" | awk '{ print $1 }' | sort -g | sed -n "${m}p")
   cpu=$(echo "$overheads" | awk '{ print $2 }' | sort -g | sed -n "${m}p")
-  echo "$bin: snapshots every $every steps cost ${wall}% wall, ${cpu}% CPU (median of $n rounds; per round: $(echo $overheads | tr '\n' ' '))"
+  echo "$bin: snapshots every $every steps cost ${wall}% wall, ${cpu}% CPU (median of $n rounds; wall/CPU % per round: $(echo "$overheads" | tr ' \n' '/ ' ))"
 done

@@ -225,8 +225,8 @@ void SnapshotKeeper::pin_local(int world_size, int64_t step) {
     // a snapshot rewritten while it was linked (a rollback rewrites a step) fails the pin.
     if (whole && linked >= 2) {
       for (const auto& f : fs::directory_iterator(staging, ec)) {
-        struct stat pinned_st {
-        }, named_st{};
+        struct stat pinned_st {};
+        struct stat named_st {};
         whole = whole && ::stat(f.path().c_str(), &pinned_st) == 0 &&
                 ::stat((e.path() / f.path().filename()).c_str(), &named_st) == 0 &&
                 pinned_st.st_ino == named_st.st_ino && pinned_st.st_dev == named_st.st_dev;
@@ -504,7 +504,12 @@ std::optional<std::pair<std::string, std::string>> SnapshotKeeper::restore_of(in
 void SnapshotKeeper::replicate() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    // With no neighbour (one node) there is nothing to push: sleep until prepare() names one.
+    if (neighbour_.empty()) {
+      cv_.wait(lock, [this] { return stop_ || !neighbour_.empty(); });
+    } else {
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
     if (stop_ || neighbour_.empty()) continue;
     const std::string neighbour = neighbour_;
     lock.unlock();

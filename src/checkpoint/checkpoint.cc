@@ -77,6 +77,18 @@ std::vector<std::string> Checkpoint::keys() {
   return out;
 }
 
+Checkpoint::Contents Checkpoint::contents(bool count_save) {
+  if (count_save) {
+    save_counter_tracked_ = true;
+    ++save_counter_.tensor().data<int64_t>()[0];
+  }
+  const auto view = detail::GraphView::build(root_ ? &*root_ : nullptr, root_children());
+  Contents out{.graph = view.graph.serialize(), .tensors = {}};
+  out.tensors.reserve(view.values.size());
+  for (const auto& v : view.values) out.tensors.emplace_back(v.key, v.get());
+  return out;
+}
+
 void Checkpoint::wait_for_write() {
   if (!writer_) return;
   writer_->drain();

@@ -2,7 +2,9 @@
 // replication to the ring neighbour, and the agreement on the step to resume from.
 #include "fault/snapshots.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,25 +73,12 @@ bool snapshot_file(const std::string& file, int64_t step) {
   return std::regex_match(file.substr(prefix.size()), suffix);
 }
 
-struct FileId {
-  dev_t dev = 0;
-  ino_t ino = 0;
-  off_t size = 0;
-  timespec mtime{};
-  bool operator==(const FileId& o) const {
-    return dev == o.dev && ino == o.ino && size == o.size && mtime.tv_sec == o.mtime.tv_sec &&
-           mtime.tv_nsec == o.mtime.tv_nsec;
-  }
-};
-
-std::optional<FileId> file_id(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  return FileId{st.st_dev, st.st_ino, st.st_size, st.st_mtim};
-}
-
-// Reads committed snapshot `step` of directory `dir` whole; nullopt when it vanished (or
-// changed) meanwhile.
+// Reads committed snapshot `step` of directory `dir` whole; nullopt when it vanished, or was
+// being rewritten, meanwhile. The worker rewrites the data files of dropped snapshots in place
+// (train/snapshot_slots.h): every file is held with a shared flock while it is read (a worker
+// reuses only a file it can lock exclusively, and holds that lock until the snapshot written
+// into it is committed), and every name must name the file read both before and after the read,
+// so that the bytes returned are one committed snapshot's.
 std::optional<SnapshotFiles> read_snapshot(const fs::path& dir, int64_t step) {
   std::vector<std::string> names;
   std::error_code ec;
@@ -99,24 +88,35 @@ std::optional<SnapshotFiles> read_snapshot(const fs::path& dir, int64_t step) {
   }
   std::sort(names.begin(), names.end());
   if (names.size() < 2) return std::nullopt;  // an index and at least one data shard
+  const auto same_file = [](const std::string& path, const struct stat& held) {
+    struct stat named {};
+    return ::stat(path.c_str(), &named) == 0 && named.st_dev == held.st_dev &&
+           named.st_ino == held.st_ino;
+  };
+  std::vector<std::unique_ptr<tcp::Fd>> fds;
+  std::vector<struct stat> held(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string path = (dir / names[i]).string();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    fds.push_back(std::make_unique<tcp::Fd>(fd));
+    if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) return std::nullopt;
+    if (::fstat(fd, &held[i]) != 0 || !same_file(path, held[i])) return std::nullopt;
+  }
   SnapshotFiles files;
-  for (const std::string& n : names) {
-    // The worker's manager only ever deletes snapshot files (it never rewrites one while it is
-    // listed), and an unlinked file stays whole for a reader; the identity check catches a
-    // snapshot of the same step written again after a rollback while this read.
-    const std::string path = (dir / n).string();
-    const std::optional<FileId> before = file_id(path);
-    if (!before) return std::nullopt;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string path = (dir / names[i]).string();
     std::string bytes;
     try {
-      bytes = read_file(path);
+      bytes = read_to_end(fds[i]->fd, path);
     } catch (const Error&) {
       return std::nullopt;
     }
-    if (file_id(path) != before || static_cast<off_t>(bytes.size()) != before->size) {
-      return std::nullopt;
-    }
-    files.emplace_back(n.substr(str_cat("snap-", step).size()), std::move(bytes));
+    if (static_cast<off_t>(bytes.size()) != held[i].st_size) return std::nullopt;
+    files.emplace_back(names[i].substr(str_cat("snap-", step).size()), std::move(bytes));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!same_file((dir / names[i]).string(), held[i])) return std::nullopt;
   }
   return files;
 }
@@ -220,6 +220,19 @@ void SnapshotKeeper::pin_local(int world_size, int64_t step) {
       if (!whole || !snapshot_file(n, step)) continue;
       whole = ::link(f.path().c_str(), (staging / n).c_str()) == 0;
       ++linked;
+    }
+    // Every link is of the file its name held, and still holds, for a step still committed:
+    // a snapshot rewritten while it was linked (a rollback rewrites a step) fails the pin.
+    if (whole && linked >= 2) {
+      for (const auto& f : fs::directory_iterator(staging, ec)) {
+        struct stat pinned_st {};
+        struct stat named_st {};
+        whole = whole && ::stat(f.path().c_str(), &pinned_st) == 0 &&
+                ::stat((e.path() / f.path().filename()).c_str(), &named_st) == 0 &&
+                pinned_st.st_ino == named_st.st_ino && pinned_st.st_dev == named_st.st_dev;
+      }
+      const std::vector<int64_t> still = local_steps(key);
+      whole = whole && std::find(still.begin(), still.end(), step) != still.end();
     }
     if (!whole || linked < 2 || ::rename(staging.c_str(), into.c_str()) != 0) {
       fs::remove_all(staging, ec);
@@ -491,7 +504,12 @@ std::optional<std::pair<std::string, std::string>> SnapshotKeeper::restore_of(in
 void SnapshotKeeper::replicate() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    // With no neighbour (one node) there is nothing to push: sleep until prepare() names one.
+    if (neighbour_.empty()) {
+      cv_.wait(lock, [this] { return stop_ || !neighbour_.empty(); });
+    } else {
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
     if (stop_ || neighbour_.empty()) continue;
     const std::string neighbour = neighbour_;
     lock.unlock();

@@ -20,6 +20,7 @@
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/train/backup_and_restore.h"
 #include "fit_loop.h"
+#include "snapshot_slots.h"
 #include "training_state.h"
 
 namespace dtrain::train {
@@ -161,14 +162,7 @@ NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
 
 void MemorySnapshots::roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next) {
   const double rejoined = monotonic_seconds();  // the new generation's collectives connected
-  // Every write in flight lands (or fails) before the state is replaced under it.
-  if (manager_) {
-    try {
-      manager_->sync();
-    } catch (const Error& e) {
-      std::cerr << "BackupAndRestore: an in-memory snapshot failed: " << e.what() << "\n";
-    }
-  }
+  // (Snapshots are written synchronously: none is in flight while the state is replaced.)
   try {
     ckpt.restore(next.restore).assert_existing_objects_matched();
   } catch (const Error& e) {
@@ -229,19 +223,10 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
   for (const auto& [name, t] : children) {
     if (name == "metric_states") metric_states_ = t;
   }
-  // tmpfs: nothing to fsync. Two snapshots in flight at most; the third waits (the training
-  // thread only waits when the writer falls two snapshots behind).
-  ckpt_ = std::make_unique<checkpoint::Checkpoint>(
-      std::move(children), checkpoint::CheckpointOptions{
-                               .enable_async = true, .sync_to_disk = false, .max_in_flight = 2});
-  // Six: the launchers agree on the newest step that every rank holds, and a worker's writer or
-  // the replication to the neighbour may trail the other workers by a few snapshots.
-  // Deleted, never recycled: the launcher may be reading a dropped snapshot's files (an open
-  // file stays whole when it is unlinked; a recycled one would be overwritten under it).
-  manager_ = std::make_unique<checkpoint::CheckpointManager>(
-      *ckpt_, dir_,
-      checkpoint::CheckpointManagerOptions{
-          .max_to_keep = 6, .checkpoint_name = "snap", .recycle_files = false});
+  ckpt_ = std::make_unique<checkpoint::Checkpoint>(std::move(children));
+  // Six: the launchers agree on the newest step that every rank holds, and the replication to
+  // the neighbour may trail the other workers by a few snapshots.
+  slots_ = std::make_unique<SnapshotSlots>(dir_, *ckpt_, SnapshotSlotsOptions{.max_to_keep = 6});
 }
 
 std::optional<std::string> MemorySnapshots::restore_agreed(checkpoint::Checkpoint& ckpt) {
@@ -363,25 +348,25 @@ void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
     (*report_)["first_step"] = monotonic_seconds();
     report_snapshot_source(*std::exchange(report_, std::nullopt));
   }
-  if (!manager_) return;
+  if (!slots_) return;
   const int64_t step = ts.optimizer->iterations();
   if (step == last_ || step % every_ != 0) return;
   last_ = step;
   ts.loop->before_checkpoint();
   backups.capture();
-  // Numbered by the global step, so that every worker's snapshot of one step has one name.
-  manager_->save(step, /*check_interval=*/false);
+  try {
+    // Numbered by the global step, so that every worker's snapshot of one step has one name.
+    slots_->save(step);
+  } catch (const Error& e) {
+    // A snapshot never stops training: the launchers agree on a step every rank holds.
+    std::cerr << "BackupAndRestore: an in-memory snapshot of step " << step
+              << " failed: " << e.what() << "\n";
+  }
 }
 
 void MemorySnapshots::end() {
   if (report_) report_snapshot_source(*std::exchange(report_, std::nullopt));
-  if (!manager_) return;
-  try {
-    manager_->sync();
-  } catch (const Error& e) {
-    std::cerr << "BackupAndRestore: an in-memory snapshot failed: " << e.what() << "\n";
-  }
-  manager_.reset();
+  slots_.reset();
   ckpt_.reset();
 }
 

@@ -15,10 +15,11 @@
 //                            the new generation's collectives (DTRAIN_SNAPSHOT_RESTORE, this
 //                            rank's copy in the launcher's memory, is the fallback)
 // A snapshot is a TensorFlow-format checkpoint over the very objects a backup tracks (so it
-// restores exactly what a backup restores), written through an async Checkpoint: the training
-// thread copies the values (the copy is isolated from later updates) and a writer thread writes
-// them to tmpfs and commits them in the directory's state file, which is what tells the launcher
-// that a snapshot is complete. Private to src/train; used by BackupAndRestore only.
+// restores exactly what a backup restores), written by SnapshotSlots (snapshot_slots.h): the
+// training thread copies the values straight into a reused, pre-mapped tmpfs file (the copy is
+// isolated from later updates, and is the only pass over the state), then writes the small index
+// and commits the snapshot in the directory's state file, which is what tells the launcher that
+// a snapshot is complete. Private to src/train; used by BackupAndRestore only.
 #pragma once
 
 #include <chrono>
@@ -31,7 +32,6 @@
 #include <vector>
 
 #include "dtrain/checkpoint/checkpoint.h"
-#include "dtrain/checkpoint/checkpoint_manager.h"
 
 namespace dtrain::distribute {
 class Collectives;
@@ -40,6 +40,7 @@ class Collectives;
 namespace dtrain::train {
 
 class BackupAndRestore;
+class SnapshotSlots;
 class TrainingState;
 
 inline constexpr const char* kEnvSnapshotDir = "DTRAIN_SNAPSHOT_DIR";
@@ -73,8 +74,8 @@ class MemorySnapshots {
   MemorySnapshots(std::string dir, int64_t every);
   ~MemorySnapshots();
 
-  // Tracks `children` (BackupAndRestore's object graph) with an async Checkpoint whose manager
-  // keeps the newest 6 snapshots in the directory.
+  // Tracks `children` (BackupAndRestore's object graph) with a Checkpoint whose snapshots
+  // SnapshotSlots writes, keeping the newest 6 in the directory.
   void begin(std::vector<std::pair<std::string, checkpoint::Trackable>> children);
   // Restores the agreed snapshot (DTRAIN_SNAPSHOT_RESTORE) into `ckpt` and returns its prefix;
   // nullopt when there is none (the backups on disk are next), or when this process restored
@@ -91,9 +92,10 @@ class MemorySnapshots {
   // UnavailableError when the service cannot be reached, DataLossError for a malformed value.
   static NextGeneration await_next_generation(
       int64_t generation, std::chrono::milliseconds timeout = std::chrono::seconds(60));
-  // Rolls this process back to snapshot `prefix` (a survivor joining the next generation): waits
-  // for the pending snapshot writes, restores `prefix` into `ckpt`, and continues the schedule
-  // from its step. Throws DataLossError naming the snapshot when it cannot be restored.
+  // Rolls this process back to snapshot `prefix` (a survivor joining the next generation):
+  // restores `prefix` into `ckpt` (no snapshot is in flight: they are written synchronously) and
+  // continues the schedule from its step, rewriting the later steps' snapshots. Throws
+  // DataLossError naming the snapshot when it cannot be restored.
   void roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next);
   // A survivor after roll_back() (and the seed agreement a fresh fit() runs first): takes part in
   // the broadcast of the agreed snapshot to the newcomers of the generation (as the root when
@@ -114,7 +116,7 @@ class MemorySnapshots {
   static std::optional<int> broadcast_root();
   // After a step: at a snapshot step, captures `backups`' state and hands it to the writer.
   void after_step(BackupAndRestore& backups, TrainingState& ts);
-  // Waits for the pending writes (errors are warned about: a snapshot never stops training).
+  // Releases the directory (the snapshots stay for the launcher).
   void end();
 
  private:
@@ -122,7 +124,7 @@ class MemorySnapshots {
   int64_t every_;
   int64_t last_ = -1;  // the newest global step snapshotted
   std::unique_ptr<checkpoint::Checkpoint> ckpt_;
-  std::unique_ptr<checkpoint::CheckpointManager> manager_;
+  std::unique_ptr<SnapshotSlots> slots_;
   std::optional<checkpoint::Trackable> metric_states_;  // the rank's own part of a snapshot
   std::optional<NextGeneration> to_share_;  // a survivor's announcement, until share_state()
   std::optional<nlohmann::json> report_;    // a newcomer's snapshot_restore report, until sent

@@ -236,6 +236,16 @@ class Checkpoint {
   const CheckpointOptions& options() const { return options_; }
   // The bundle keys a save would write now, sorted (without the object graph key).
   std::vector<std::string> keys();
+  // What a save would write now, for writers that lay a bundle out themselves (the in-memory
+  // snapshots, src/train/snapshot_slots.h): the serialized object graph (the
+  // kObjectGraphKey string) and every value under its key, uncopied (a variable's own storage:
+  // read it before the value changes). With `count_save`, counts a save first as save() does
+  // (save_counter + 1, tracked from then on). Nothing is written.
+  struct Contents {
+    std::string graph;
+    std::vector<std::pair<std::string, Tensor>> tensors;
+  };
+  Contents contents(bool count_save);
 
   // Makes save(), write() and a CheckpointManager's saves sharded (ShardedSaveOptions), or plain
   // again with nullopt. Every worker of the job calls save()/write() with the same prefix at the

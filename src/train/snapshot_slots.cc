@@ -1,0 +1,394 @@
+// SnapshotSlots: in-memory snapshots written in one pass into reused tmpfs slots
+// (snapshot_slots.h).
+#include "snapshot_slots.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "dtrain/core/crc32c.h"
+#include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
+#include "dtrain/core/proto_wire.h"
+
+namespace dtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kLockFile = ".dtrain.lock";  // CheckpointManager's directory lock
+constexpr const char* kStateFile = "checkpoint";
+// The CRC of a piece is taken right after its copy, while the piece is still in the L2 cache.
+constexpr size_t kPiece = size_t{64} << 10;
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// ".<name>-slot-": the hidden names of slot files that hold no committed snapshot.
+std::string slot_stem(const std::string& name) { return str_cat(".", name, "-slot-"); }
+
+// Removes what a dead writer left: slot files (any: this process holds the directory's lock,
+// so no live writer owns one), and write_file_atomically temporaries of dead processes.
+void remove_leftovers(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  const std::string stem = slot_stem(name);
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(stem, 0) == 0) {
+      fs::remove(e.path(), ec);
+      continue;
+    }
+    const size_t tmp = n.find(".tmp.");
+    if (tmp == std::string::npos) continue;
+    if (n.rfind(name + "-", 0) != 0 && n.compare(0, tmp, kStateFile) != 0) continue;
+    const long pid = std::strtol(n.c_str() + tmp + 5, nullptr, 10);
+    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) {
+      fs::remove(e.path(), ec);
+    }
+  }
+}
+
+// The bytes TF's BundleWriter writes for a scalar DT_STRING tensor holding `s` (varint length,
+// masked CRC of the length, the bytes), and their CRC.
+std::pair<std::string, uint32_t> string_tensor_bytes(const std::string& s) {
+  std::string out;
+  wire::put_varint(out, s.size());
+  uint32_t crc = 0;
+  if (s.size() <= 0xffffffffu) {
+    const uint32_t len = static_cast<uint32_t>(s.size());
+    crc = crc32c::extend(crc, &len, 4);
+  } else {
+    const uint64_t len = s.size();
+    crc = crc32c::extend(crc, &len, 8);
+  }
+  const size_t lengths_end = out.size();
+  wire::put_fixed32(out, crc32c::mask(crc));
+  crc = crc32c::extend(crc, out.data() + lengths_end, 4);
+  out += s;
+  crc = crc32c::extend(crc, s.data(), s.size());
+  return {std::move(out), crc};
+}
+
+// Copies `n` bytes to `dst`, returning their CRC-32C, piece by piece: the CRC is taken of the
+// source (in the cache: the step just updated it), and the copy streams past the cache
+// (non-temporal stores) where the CPU has them, since nothing in this process reads it again.
+uint32_t copy_with_crc(uint8_t* dst, const uint8_t* src, size_t n) {
+  uint32_t crc = 0;
+  for (size_t done = 0; done < n;) {
+    const size_t piece = std::min(kPiece, n - done);
+    crc = crc32c::extend(crc, src + done, piece);
+#if defined(__AVX__)
+    uint8_t* d = dst + done;
+    const uint8_t* p = src + done;
+    size_t left = piece;
+    const size_t head = std::min(left, (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32);
+    std::memcpy(d, p, head);
+    d += head;
+    p += head;
+    left -= head;
+    for (; left >= 128; d += 128, p += 128, left -= 128) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64));
+      const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 96));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d), a);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), b);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 64), c);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 96), e);
+    }
+    std::memcpy(d, p, left);
+#else
+    std::memcpy(dst + done, src + done, piece);
+#endif
+    done += piece;
+  }
+#if defined(__AVX__)
+  _mm_sfence();  // the streamed stores are visible before the index names them
+#endif
+  return crc;
+}
+
+}  // namespace
+
+struct SnapshotSlots::Slot {
+  int fd = -1;
+  uint8_t* map = nullptr;
+  size_t size = 0;
+  std::string path;  // its current name
+
+  ~Slot() {
+    if (map != nullptr) ::munmap(map, size);
+    if (fd >= 0) ::close(fd);
+  }
+  // Sizes the file to `bytes` (its pages allocated now: a full tmpfs fails here, never as a
+  // SIGBUS in the copy) and maps it, pre-faulted.
+  void resize(size_t bytes) {
+    if (map != nullptr) ::munmap(map, size);
+    map = nullptr;
+    size = 0;
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw_file_error(errno, "resize", path);
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+      throw_file_error(err, "allocate", path);
+    }
+    void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED) throw_file_error(errno, "map", path);
+    map = static_cast<uint8_t*>(m);
+    size = bytes;
+  }
+};
+
+SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
+                             SnapshotSlotsOptions options)
+    : dir_(std::move(dir)), ckpt_(ckpt), options_(std::move(options)) {
+  DTRAIN_CHECK(options_.max_to_keep > 0, "SnapshotSlots: max_to_keep must be positive, got ",
+               options_.max_to_keep);
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) throw_file_error(ec.value(), "create directory", dir_);
+  const std::string lock = (fs::path(dir_) / kLockFile).string();
+  lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (lock_fd_ < 0) throw_file_error(errno, "create lock file", lock);
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    if (err != EWOULDBLOCK) throw_file_error(err, "lock", lock);
+    throw FailedPreconditionError(
+        str_cat("snapshot directory ", dir_, " is in use: another process holds its lock ", lock));
+  }
+  remove_leftovers(dir_, options_.name);
+  // A predecessor's committed snapshots stay listed and are dropped in turn, as a
+  // CheckpointManager continues the retention of its state file.
+  std::ifstream state(fs::path(dir_) / kStateFile);
+  static const std::regex path_line(
+      R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?([^/"]+)"\s*)re");
+  static const std::regex time_line(R"re(\s*all_model_checkpoint_timestamps:\s*(\S+)\s*)re");
+  std::vector<std::string> names;
+  std::vector<double> times;
+  std::string line;
+  while (std::getline(state, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, path_line)) {
+      names.push_back(m[1].str());
+    } else if (std::regex_match(line, m, time_line)) {
+      times.push_back(std::strtod(m[1].str().c_str(), nullptr));
+    }
+  }
+  const std::string own = options_.name + "-";
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& n = names[i];
+    if (n.rfind(own, 0) != 0) continue;
+    char* end = nullptr;
+    const long long step = std::strtoll(n.c_str() + own.size(), &end, 10);
+    if (end == n.c_str() + own.size() || *end != '\0') continue;
+    const std::string prefix = prefix_of(step);
+    if (!fs::exists(checkpoint::index_filename(prefix), ec)) continue;
+    kept_.push_back(Kept{.step = step,
+                         .prefix = prefix,
+                         .timestamp = i < times.size() ? times[i] : unix_now(),
+                         .slot = nullptr});
+  }
+  while (static_cast<int>(kept_.size()) > options_.max_to_keep) kept_.pop_front();
+}
+
+SnapshotSlots::~SnapshotSlots() {
+  // The committed snapshots stay for the launcher; spare slots hold nothing.
+  for (const auto& s : spares_) ::unlink(s->path.c_str());
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+std::string SnapshotSlots::prefix_of(int64_t step) const {
+  return (fs::path(dir_) / str_cat(options_.name, "-", step)).string();
+}
+
+std::vector<std::string> SnapshotSlots::snapshots() const {
+  std::vector<std::string> out;
+  for (const Kept& k : kept_) out.push_back(k.prefix);
+  return out;
+}
+
+bool SnapshotSlots::matches(const checkpoint::Checkpoint::Contents& c) const {
+  if (layout_.bytes == 0 || c.graph != layout_.graph || c.tensors.size() != layout_.values.size())
+    return false;
+  for (size_t i = 0; i < c.tensors.size(); ++i) {
+    const auto& [key, t] = c.tensors[i];
+    const auto& [k, ds] = layout_.values[i];
+    if (key != k || t.dtype() != ds.first || !(t.shape() == ds.second)) return false;
+  }
+  return true;
+}
+
+void SnapshotSlots::lay_out(const checkpoint::Checkpoint::Contents& c) {
+  Layout l;
+  l.graph = c.graph;
+  std::tie(l.graph_bytes, l.graph_crc) = string_tensor_bytes(c.graph);
+  l.bytes = l.graph_bytes.size();
+  for (const auto& [key, t] : c.tensors) {
+    DTRAIN_CHECK(t.defined() && t.dtype() != DType::kString, "SnapshotSlots: value '", key,
+                 "' is undefined or holds strings");
+    l.values.emplace_back(key, std::make_pair(t.dtype(), t.shape()));
+    l.bytes += t.nbytes();
+  }
+  layout_ = std::move(l);
+}
+
+std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
+  std::unique_ptr<Slot> slot;
+  if (!spares_.empty()) {
+    slot = std::move(spares_.back());
+    spares_.pop_back();
+  } else {
+    slot = std::make_unique<Slot>();
+    slot->path = (fs::path(dir_) / str_cat(slot_stem(options_.name), ::getpid(), "-", next_slot_++))
+                     .string();
+    slot->fd = ::open(slot->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (slot->fd < 0) throw_file_error(errno, "create", slot->path);
+    // Nobody else knows the file yet; locked until the snapshot written into it is committed.
+    ::flock(slot->fd, LOCK_EX | LOCK_NB);
+    ++slots_created_;
+  }
+  if (slot->size != layout_.bytes) {
+    try {
+      slot->resize(layout_.bytes);
+    } catch (...) {
+      ::unlink(slot->path.c_str());
+      throw;
+    }
+  }
+  return slot;
+}
+
+std::string SnapshotSlots::save(int64_t step) {
+  const std::string prefix = prefix_of(step);
+  // Rewriting a listed snapshot (after a rollback): off the list first, so that no reader ever
+  // takes the new bytes for the old snapshot or a torn mix for either.
+  for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+    if (it->step != step) continue;
+    Kept k = std::move(*it);
+    kept_.erase(it);
+    write_state();
+    drop(std::move(k));
+    break;
+  }
+  const checkpoint::Checkpoint::Contents c = ckpt_.contents(/*count_save=*/true);
+  if (!matches(c)) lay_out(c);
+  std::unique_ptr<Slot> slot = take_spare();
+  const std::string data = checkpoint::data_filename(prefix, 0, 1);
+  try {
+    // The one pass over the state: each value straight into the slot's pages, with its CRC.
+    checkpoint::BundleEntries entries;
+    std::memcpy(slot->map, layout_.graph_bytes.data(), layout_.graph_bytes.size());
+    checkpoint::BundleEntry& g = entries[std::string(checkpoint::kObjectGraphKey)];
+    g.dtype = DType::kString;
+    g.shape = Shape{};
+    g.offset = 0;
+    g.size = static_cast<int64_t>(layout_.graph_bytes.size());
+    g.masked_crc32c = crc32c::mask(layout_.graph_crc);
+    size_t at = layout_.graph_bytes.size();
+    for (const auto& [key, t] : c.tensors) {
+      checkpoint::BundleEntry& e = entries[key];
+      e.dtype = t.dtype();
+      e.shape = t.shape();
+      e.offset = static_cast<int64_t>(at);
+      e.size = static_cast<int64_t>(t.nbytes());
+      e.masked_crc32c = crc32c::mask(
+          copy_with_crc(slot->map + at, static_cast<const uint8_t*>(t.raw_data()), t.nbytes()));
+      at += t.nbytes();
+    }
+    // Data first, index last; the state file names it only then.
+    if (::rename(slot->path.c_str(), data.c_str()) != 0) throw_file_error(errno, "rename", data);
+    slot->path = data;
+    checkpoint::write_bundle_index(prefix, 1, entries, /*sync=*/false);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(checkpoint::index_filename(prefix), ec);
+    ::unlink(slot->path.c_str());
+    throw;
+  }
+  Slot* written = slot.get();
+  kept_.push_back(
+      Kept{.step = step, .prefix = prefix, .timestamp = unix_now(), .slot = std::move(slot)});
+  std::vector<Kept> doomed;
+  while (static_cast<int>(kept_.size()) > options_.max_to_keep) {
+    doomed.push_back(std::move(kept_.front()));
+    kept_.pop_front();
+  }
+  try {
+    write_state();
+  } catch (...) {
+    // Not committed: the previous state file stands. The new snapshot's files go.
+    Kept k = std::move(kept_.back());
+    kept_.pop_back();
+    for (auto it = doomed.rbegin(); it != doomed.rend(); ++it) kept_.push_front(std::move(*it));
+    std::error_code ec;
+    fs::remove(checkpoint::index_filename(prefix), ec);
+    fs::remove(data, ec);
+    throw;
+  }
+  // Committed: readers may hold it from now on.
+  ::flock(written->fd, LOCK_UN);
+  for (Kept& k : doomed) drop(std::move(k));
+  return prefix;
+}
+
+void SnapshotSlots::drop(Kept k) {
+  std::error_code ec;
+  // The index first: without it the snapshot is gone for every reader.
+  fs::remove(checkpoint::index_filename(k.prefix), ec);
+  const std::string data = checkpoint::data_filename(k.prefix, 0, 1);
+  if (!k.slot) {
+    fs::remove(data, ec);
+    return;
+  }
+  // Out of reach by its name first; then it is a spare only if no reader holds it (a shared
+  // flock) and no pin links it. Otherwise they keep its bytes, and only the name goes.
+  Slot& s = *k.slot;
+  const std::string hidden =
+      (fs::path(dir_) / str_cat(slot_stem(options_.name), ::getpid(), "-", next_slot_++)).string();
+  if (::rename(data.c_str(), hidden.c_str()) != 0) return;  // removed by someone: the slot goes
+  s.path = hidden;
+  struct stat st {};
+  if (::flock(s.fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(s.fd, &st) == 0 && st.st_nlink == 1) {
+    spares_.push_back(std::move(k.slot));
+    return;
+  }
+  ::unlink(hidden.c_str());
+}
+
+void SnapshotSlots::write_state() {
+  // CheckpointManager's text format (checkpoint_state.h): paths relative to the directory.
+  const auto name = [](const Kept& k) { return fs::path(k.prefix).filename().string(); };
+  std::string out =
+      str_cat("model_checkpoint_path: \"", kept_.empty() ? "" : name(kept_.back()), "\"\n");
+  for (const Kept& k : kept_) out += str_cat("all_model_checkpoint_paths: \"", name(k), "\"\n");
+  const auto number = [](double v) {
+    char buf[32];
+    return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);  // shortest exact
+  };
+  for (const Kept& k : kept_)
+    out += str_cat("all_model_checkpoint_timestamps: ", number(k.timestamp), "\n");
+  out += str_cat("last_preserved_timestamp: ",
+                 number(kept_.empty() ? unix_now() : kept_.front().timestamp), "\n");
+  write_file_atomically((fs::path(dir_) / kStateFile).string(), out,
+                        AtomicFileOptions{.sync = false});
+}
+
+}  // namespace dtrain::train

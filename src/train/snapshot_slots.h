@@ -1,0 +1,105 @@
+// SnapshotSlots: how a worker writes its in-memory snapshots (memory_snapshots.h) into the
+// launcher's tmpfs directory with one pass over the state. Each snapshot is an ordinary
+// TensorFlow-format checkpoint `<dir>/snap-<step>` (`.index` and `.data-00000-of-00001`, listed
+// in the directory's `checkpoint` state file, the newest `max_to_keep` kept), so a snapshot
+// restores with Checkpoint::restore like any checkpoint; what differs from a CheckpointManager's
+// save is how the data file is written:
+//   - the data files are slots: tmpfs files sized once (fallocate), mapped once (MAP_SHARED,
+//     pre-faulted) and rewritten in place by later snapshots, so a snapshot allocates, zeroes,
+//     faults in and frees no page;
+//   - the calling (training) thread copies every value straight into the slot's pages, and the
+//     CRC-32C of each piece is taken right after its copy, while it is in the cache: the copy is
+//     the isolation from later updates, and nothing else reads the state again;
+//   - the index (a few hundred bytes) and the state file are then written and renamed into place
+//     on the same thread (a few tens of microseconds on tmpfs; no writer thread to wake).
+// The state file names a snapshot only after its data and index are complete, so a writer killed
+// mid-copy leaves nothing listed (its slot file has a hidden name that no reader takes).
+//
+// A dropped snapshot's data file becomes a spare slot only when nothing else can be reading or
+// holding it: it is renamed to a hidden name first (so no new reader or hard link can reach it
+// by its old name), then kept only if this process gets an exclusive flock on it (readers —
+// BundleReader, the launcher's replicator — hold a shared one while they read) and it has no
+// other link (the launcher pins a snapshot by hard-linking its files). Otherwise its name is
+// removed and the reader or the pin keeps the bytes; a new slot is made for the next snapshot.
+// A slot stays exclusively locked from then until the snapshot written into it is committed.
+// Thread-compatible: one thread calls save().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/checkpoint/checkpoint.h"
+#include "dtrain/checkpoint/tensor_bundle.h"
+
+namespace dtrain::train {
+
+struct SnapshotSlotsOptions {
+  int max_to_keep = 6;        // committed snapshots listed in the state file
+  std::string name = "snap";  // file prefix inside the directory: <name>-<step>
+};
+
+class SnapshotSlots {
+ public:
+  // Creates `dir`, takes its lock (`<dir>/.dtrain.lock`, as a CheckpointManager does: one writer
+  // per directory), removes the slot files a dead writer left behind, and continues the
+  // retention of the snapshots its state file lists (a predecessor's). `ckpt` (whose values are
+  // written) must outlive this object. Throws FailedPreconditionError when another process holds
+  // the directory, and file errors naming the path.
+  SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt, SnapshotSlotsOptions options = {});
+  ~SnapshotSlots();
+  SnapshotSlots(const SnapshotSlots&) = delete;
+  SnapshotSlots& operator=(const SnapshotSlots&) = delete;
+
+  // Writes `ckpt`'s current values as `<dir>/<name>-<step>` and commits it (counting a save of
+  // `ckpt`, as CheckpointManager::save does); a listed snapshot of the same step (a rollback)
+  // is replaced, after it is taken off the list. Returns the prefix. Throws
+  // ResourceExhaustedError when tmpfs is full and other file errors naming the path; the
+  // snapshots listed before stay intact and listed.
+  std::string save(int64_t step);
+
+  // The committed snapshots' prefixes, oldest first.
+  std::vector<std::string> snapshots() const;
+  // Slot files created so far (a measure of the reuse: stays at max_to_keep + 1 when nothing
+  // holds dropped snapshots).
+  int64_t slots_created() const { return slots_created_; }
+
+ private:
+  struct Slot;
+  struct Layout {
+    std::string graph;  // the object graph it was laid out for
+    std::vector<std::pair<std::string, std::pair<DType, Shape>>> values;
+    std::string graph_bytes;  // the object graph as a DT_STRING tensor's bytes
+    uint32_t graph_crc = 0;   // their CRC (unmasked)
+    size_t bytes = 0;         // of the data file
+  };
+  struct Kept {
+    int64_t step;
+    std::string prefix;
+    double timestamp;
+    std::unique_ptr<Slot> slot;  // null: a predecessor's snapshot
+  };
+
+  bool matches(const checkpoint::Checkpoint::Contents& c) const;
+  void lay_out(const checkpoint::Checkpoint::Contents& c);
+  std::unique_ptr<Slot> take_spare();
+  // Takes `k` off the disk: its index is removed, its data file becomes a spare or is removed.
+  void drop(Kept k);
+  void write_state();
+  std::string prefix_of(int64_t step) const;
+
+  std::string dir_;
+  checkpoint::Checkpoint& ckpt_;
+  SnapshotSlotsOptions options_;
+  int lock_fd_ = -1;
+  Layout layout_;
+  std::deque<Kept> kept_;                      // committed, oldest first
+  std::vector<std::unique_ptr<Slot>> spares_;  // locked, unlinked from any snapshot name
+  int64_t slots_created_ = 0;
+  int64_t next_slot_ = 0;
+};
+
+}  // namespace dtrain::train

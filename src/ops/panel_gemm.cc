@@ -36,6 +36,9 @@ constexpr int kRows = 6;
 constexpr int kCols = 16;
 constexpr int64_t kSliceK = 256;       // inner slice when k > kMaxOnePassK
 constexpr int64_t kMaxOnePassK = 512;  // up to this k, one pass (a panel of k × 16 ≤ 32 KB)
+// Rows × inner slice of A that a pass of the panels keeps in L2: 96 KB read in place, 192 KB
+// packed (dW's Aᵀ).
+constexpr int64_t kChunkFloats = 49152;
 
 // What a tile adds to its accumulators when it stores them: nothing (C = acc), the bias
 // (C = acc + bias) or C's partial sums from the previous inner slices (C += acc).
@@ -221,25 +224,54 @@ void rows_range(const Operands& o, const float* panels, int64_t r0, int64_t r1) 
   }
 }
 
+// Rows [c0, c1) × inner [l0, l0 + kc) of A, stored transposed (A(i, l) = a[l · lda + i]),
+// packed tile by tile: out[(i − c0) · kc + l · 6 + q] = A(i0 + q, l0 + l) for the tile at i0
+// (a partial last tile leaves its missing rows unwritten; its tile never reads them).
+void pack_a_transposed(const Operands& o, int64_t l0, int64_t kc, int64_t c0, int64_t c1,
+                       float* out) {
+  for (int64_t i0 = c0; i0 < c1; i0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, c1 - i0));
+    float* dst = out + (i0 - c0) * kc;
+    const float* src = o.a + l0 * o.lda + i0;
+    if (rows == kRows) {
+      for (int64_t l = 0; l < kc; ++l, dst += kRows, src += o.lda) {
+#pragma GCC unroll 6
+        for (int q = 0; q < kRows; ++q) dst[q] = src[q];
+      }
+    } else {
+      for (int64_t l = 0; l < kc; ++l, dst += kRows, src += o.lda) {
+        for (int q = 0; q < rows; ++q) dst[q] = src[q];
+      }
+    }
+  }
+}
+
 // Panels [p0, p1) of C over every row, for a large op(B) (dW = xᵀ·dz: B is dz, as large as the
 // activations): op(B) packed one inner slice at a time into a buffer that stays in cache (the
 // column sums continued slice by slice), so B is read from memory once and never written back.
 void panels_range(const Operands& o, int64_t p0, int64_t p1) {
-  thread_local std::vector<float> buffer;
+  thread_local std::vector<float> buffer, packed_a;
   const auto need = static_cast<size_t>((p1 - p0) * o.slice * kCols);
   if (buffer.size() < need) buffer.resize(need);
   float* panels = buffer.data();
-  const int64_t chunk = std::clamp<int64_t>(24576 / o.slice / kRows * kRows, kRows, 384);
+  const int64_t chunk = std::clamp<int64_t>(kChunkFloats / o.slice / kRows * kRows, kRows, 384);
+  // Aᵀ stored (xᵀ of dW): a tile's six values of one l are adjacent, but each l is another row
+  // of x, so the tile would touch a cache line per l; packed, its slice is 6·kc floats in a row.
+  const bool pack_a = o.trans_a;
+  if (pack_a && packed_a.size() < static_cast<size_t>(chunk * o.slice)) {
+    packed_a.resize(static_cast<size_t>(chunk * o.slice));
+  }
   for (int64_t l0 = 0; l0 < o.k; l0 += o.slice) {
     const int64_t kc = std::min(o.k, l0 + o.slice) - l0;
     pack_panels(o, l0, kc, p0, p1, panels, o.b_column_sums);
     for (int64_t c0 = 0; c0 < o.m; c0 += chunk) {
       const int64_t c1 = std::min(o.m, c0 + chunk);
+      if (pack_a) pack_a_transposed(o, l0, kc, c0, c1, packed_a.data());
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t j0 = p * kCols;
         TileArgs t{.a = nullptr,
-                   .rs = o.a_row_stride,
-                   .is = o.a_inner_stride,
+                   .rs = pack_a ? 1 : o.a_row_stride,
+                   .is = pack_a ? kRows : o.a_inner_stride,
                    .b = panels + (p - p0) * kc * kCols,
                    .kc = kc,
                    .bias = o.bias != nullptr ? o.bias + j0 : nullptr,
@@ -248,7 +280,8 @@ void panels_range(const Operands& o, int64_t p0, int64_t p1) {
                    .cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0)),
                    .finish = finish_of(o, l0)};
         for (int64_t i = c0; i < c1; i += kRows) {
-          t.a = o.a + i * o.a_row_stride + l0 * o.a_inner_stride;
+          t.a = pack_a ? packed_a.data() + (i - c0) * kc
+                       : o.a + i * o.a_row_stride + l0 * o.a_inner_stride;
           t.c = o.c + i * o.ldc + j0;
           tile_rows(static_cast<int>(std::min<int64_t>(kRows, c1 - i)), t);
         }

@@ -17,6 +17,7 @@
 // dimension runs in slices of kSliceK, each slice's sum added to C (blocked summation, as
 // OpenBLAS's own inner blocking does; the slices depend on the shape only).
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "dtrain/core/error.h"
@@ -229,20 +230,14 @@ void rows_range(const Operands& o, const float* panels, int64_t r0, int64_t r1) 
 // (a partial last tile leaves its missing rows unwritten; its tile never reads them).
 void pack_a_transposed(const Operands& o, int64_t l0, int64_t kc, int64_t c0, int64_t c1,
                        float* out) {
-  for (int64_t i0 = c0; i0 < c1; i0 += kRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kRows, c1 - i0));
-    float* dst = out + (i0 - c0) * kc;
-    const float* src = o.a + l0 * o.lda + i0;
-    if (rows == kRows) {
-      for (int64_t l = 0; l < kc; ++l, dst += kRows, src += o.lda) {
-#pragma GCC unroll 6
-        for (int q = 0; q < kRows; ++q) dst[q] = src[q];
-      }
-    } else {
-      for (int64_t l = 0; l < kc; ++l, dst += kRows, src += o.lda) {
-        for (int q = 0; q < rows; ++q) dst[q] = src[q];
-      }
-    }
+  // Row l of the stored Aᵀ is read once, in order, and dealt out to the tiles (each written in
+  // order too): reading tile by tile took a cache line per l for six floats of it.
+  const int64_t full = (c1 - c0) / kRows * kRows;
+  for (int64_t l = 0; l < kc; ++l) {
+    const float* src = o.a + (l0 + l) * o.lda + c0;
+    float* dst = out + l * kRows;
+    for (int64_t i = 0; i < full; i += kRows) std::memcpy(dst + i * kc, src + i, 6 * sizeof(float));
+    for (int64_t i = full; i < c1 - c0; ++i) dst[full * kc + (i - full)] = src[i];
   }
 }
 

@@ -106,7 +106,8 @@ const Case kCases[] = {
     {true, false, 61, 300, 1100, false},
     {false, false, 40, 130, 2100, true},
     {true, true, 30, 520, 600, false},
-    {false, false, 5, 300, 1200, true},  // fewer rows than a tile
+    {true, false, 70, 400, 1300, false},  // enough panels that two threads split them
+    {false, false, 5, 300, 1200, true},   // fewer rows than a tile
     {true, true, 200, 50, 300, true},
     {false, false, 4, 7, 0, true},  // k = 0: the bias alone
     // Below the hand-off: OpenBLAS (with the bias broadcast first).

@@ -37,9 +37,10 @@ constexpr int kRows = 6;
 constexpr int kCols = 16;
 constexpr int64_t kSliceK = 256;       // inner slice when k > kMaxOnePassK
 constexpr int64_t kMaxOnePassK = 512;  // up to this k, one pass (a panel of k × 16 ≤ 32 KB)
-// Rows × inner slice of A that a pass of the panels keeps in L2: 96 KB read in place, 192 KB
-// packed (dW's Aᵀ).
-constexpr int64_t kChunkFloats = 49152;
+// Rows × inner slice of A that a pass of the panels keeps in L2: 96 KB when the rows split (A
+// read in place), 192 KB when the panels split (dW: one chunk holds all of a 128-row xᵀ slice).
+constexpr int64_t kRowChunkFloats = 24576;
+constexpr int64_t kPanelChunkFloats = 49152;
 
 // What a tile adds to its accumulators when it stores them: nothing (C = acc), the bias
 // (C = acc + bias) or C's partial sums from the previous inner slices (C += acc).
@@ -197,7 +198,7 @@ void pack_panels(const Operands& o, int64_t l0, int64_t kc, int64_t p0, int64_t 
 // per inner slice, chunks of rows whose slice of A stays in L2 while every panel's slice passes
 // over them.
 void rows_range(const Operands& o, const float* panels, int64_t r0, int64_t r1) {
-  const int64_t chunk = std::clamp<int64_t>(24576 / o.slice / kRows * kRows, kRows, 384);
+  const int64_t chunk = std::clamp<int64_t>(kRowChunkFloats / o.slice / kRows * kRows, kRows, 384);
   const int64_t np = (o.n + kCols - 1) / kCols;
   for (int64_t l0 = 0; l0 < std::max<int64_t>(o.k, 1); l0 += o.slice) {
     const int64_t kc = std::min(o.k, l0 + o.slice) - l0;
@@ -226,8 +227,8 @@ void rows_range(const Operands& o, const float* panels, int64_t r0, int64_t r1) 
 }
 
 // Rows [c0, c1) × inner [l0, l0 + kc) of A, stored transposed (A(i, l) = a[l · lda + i]),
-// packed tile by tile: out[(i − c0) · kc + l · 6 + q] = A(i0 + q, l0 + l) for the tile at i0
-// (a partial last tile leaves its missing rows unwritten; its tile never reads them).
+// packed into 6-row tiles: out[(i0 − c0) · kc + l · 6 + q] = A(i0 + q, l0 + l) for the tile at
+// i0 (a partial last tile leaves its missing rows unwritten; its tile never reads them).
 void pack_a_transposed(const Operands& o, int64_t l0, int64_t kc, int64_t c0, int64_t c1,
                        float* out) {
   // Row l of the stored Aᵀ is read once, in order, and dealt out to the tiles (each written in
@@ -236,7 +237,8 @@ void pack_a_transposed(const Operands& o, int64_t l0, int64_t kc, int64_t c0, in
   for (int64_t l = 0; l < kc; ++l) {
     const float* src = o.a + (l0 + l) * o.lda + c0;
     float* dst = out + l * kRows;
-    for (int64_t i = 0; i < full; i += kRows) std::memcpy(dst + i * kc, src + i, 6 * sizeof(float));
+    for (int64_t i = 0; i < full; i += kRows)
+      std::memcpy(dst + i * kc, src + i, kRows * sizeof(float));
     for (int64_t i = full; i < c1 - c0; ++i) dst[full * kc + (i - full)] = src[i];
   }
 }
@@ -249,7 +251,8 @@ void panels_range(const Operands& o, int64_t p0, int64_t p1) {
   const auto need = static_cast<size_t>((p1 - p0) * o.slice * kCols);
   if (buffer.size() < need) buffer.resize(need);
   float* panels = buffer.data();
-  const int64_t chunk = std::clamp<int64_t>(kChunkFloats / o.slice / kRows * kRows, kRows, 384);
+  const int64_t chunk =
+      std::clamp<int64_t>(kPanelChunkFloats / o.slice / kRows * kRows, kRows, 384);
   // Aᵀ stored (xᵀ of dW): a tile's six values of one l are adjacent, but each l is another row
   // of x, so the tile would touch a cache line per l; packed, its slice is 6·kc floats in a row.
   const bool pack_a = o.trans_a;

@@ -224,6 +224,54 @@ void batch_norm_inference_backward(const float* dy, const float* x, ChannelLayou
   });
 }
 
+namespace {
+
+// Σ term(j) over j < d in double, in 8 lanes (lane j mod 8 sums its terms in increasing j; the
+// lanes are combined in a fixed order, then the tail): a layer norm row is short (d ≈ 128), and
+// one chain of dependent double additions bounded the row at ~4 cycles per element.
+constexpr int kSumLanes = 8;
+inline double combine_lanes(const double* l) {
+  return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
+template <class Term>
+double lane_sum(int64_t d, Term term) {
+  double lanes[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= d; j += kSumLanes) {
+    for (int l = 0; l < kSumLanes; ++l) lanes[l] += term(j + l);
+  }
+  double sum = combine_lanes(lanes);
+  for (; j < d; ++j) sum += term(j);
+  return sum;
+}
+
+// Two such sums over one pass: term(j, &t1, &t2).
+template <class Terms>
+void lane_sums(int64_t d, double* s1, double* s2, Terms terms) {
+  double a[kSumLanes] = {}, b[kSumLanes] = {};
+  int64_t j = 0;
+  for (; j + kSumLanes <= d; j += kSumLanes) {
+    for (int l = 0; l < kSumLanes; ++l) {
+      double t1, t2;
+      terms(j + l, &t1, &t2);
+      a[l] += t1;
+      b[l] += t2;
+    }
+  }
+  double x = combine_lanes(a), y = combine_lanes(b);
+  for (; j < d; ++j) {
+    double t1, t2;
+    terms(j, &t1, &t2);
+    x += t1;
+    y += t2;
+  }
+  *s1 = x;
+  *s2 = y;
+}
+
+}  // namespace
+
 void layer_norm_forward(const float* x, int64_t rows, int64_t d, const float* gamma,
                         const float* beta, float epsilon, float* y, float* stats) {
   const double inv_d = d > 0 ? 1.0 / static_cast<double>(d) : 0.0;
@@ -231,14 +279,12 @@ void layer_norm_forward(const float* x, int64_t rows, int64_t d, const float* ga
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * d;
       float* yr = y + r * d;
-      double s = 0;
-      for (int64_t j = 0; j < d; ++j) s += xr[j];
+      const double s = lane_sum(d, [&](int64_t j) { return static_cast<double>(xr[j]); });
       const float mean = static_cast<float>(s * inv_d);
-      double q = 0;
-      for (int64_t j = 0; j < d; ++j) {
+      const double q = lane_sum(d, [&](int64_t j) {
         const double dv = static_cast<double>(xr[j]) - mean;
-        q += dv * dv;
-      }
+        return dv * dv;
+      });
       const float inv = 1.0f / std::sqrt(static_cast<float>(q * inv_d) + epsilon);
       if (stats) {
         stats[2 * r] = mean;
@@ -264,12 +310,12 @@ void layer_norm_backward(const float* dy, const float* x, int64_t rows, int64_t 
         const float* xr = x + r * d;
         const float mean = stats[2 * r], inv = stats[2 * r + 1];
         double s1 = 0, s2 = 0;
-        for (int64_t j = 0; j < d; ++j) {
+        lane_sums(d, &s1, &s2, [&](int64_t j, double* t1, double* t2) {
           const float xh = (xr[j] - mean) * inv;
           const float gh = g[j] * (gamma ? gamma[j] : 1.0f);
-          s1 += gh;
-          s2 += static_cast<double>(gh) * xh;
-        }
+          *t1 = gh;
+          *t2 = static_cast<double>(gh) * xh;
+        });
         const float a = static_cast<float>(s1 * inv_d), b = static_cast<float>(s2 * inv_d);
         float* dr = dx + r * d;
         for (int64_t j = 0; j < d; ++j) {

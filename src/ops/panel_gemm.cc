@@ -1,16 +1,23 @@
-// The dense layers' GEMM (dtrain/ops/gemm.h, dense_gemm): B packed once per call into panels of
-// 16 columns (zero-padded), A read in place through two strides (so Aᵀ costs nothing), a 6×16
-// AVX2 register block per step of the inner dimension, the bias (if any) as the accumulators'
-// start. OpenBLAS packs A as well on every call and, split into the fixed row blocks that keep
-// its bits independent of the thread count, B once per block: for the GPT's [4096, 128]-sized
-// products that packing was ~15% of the step.
+// The dense layers' GEMM (dtrain/ops/gemm.h, dense_gemm): op(B) packed into panels of 16 columns
+// (zero-padded), A read in place through two strides (so Aᵀ costs nothing), a 6×16 AVX2 register
+// block per step of the inner dimension, the bias (if any) added in the tile's epilogue. OpenBLAS
+// packs A as well on every call and, split into the fixed row blocks that keep its bits
+// independent of the thread count, B once per block: for the GPT's [4096, 128]-sized products
+// that packing was ~15% of the step.
+//
+// Two ways to split the work: a small op(B) (the weights: x·W, dz·Wᵀ) is packed whole once and
+// the rows of C are split; a large one (dW = xᵀ·dz, where B is dz, as large as the activations) is
+// packed one inner slice at a time into a buffer that stays in cache, by the thread that owns
+// those panels, and the panels (columns) of C are split: B is read from memory once and its
+// packed copy never goes back to memory.
 //
 // Each C(i, j) is its terms added in increasing l by one FMA each, in a lane that does not depend
-// on how the rows are split (any partition over threads gives the same bits), then the bias (as
-// PyTorch's addmm and OpenBLAS with beta = 1 add it: after the products). A long inner dimension
-// runs in slices of kSliceK, each slice's sum added to C (blocked summation, as OpenBLAS's own
-// inner blocking does; the slices depend on the shape only).
+// on how the rows or panels are split (any partition over threads gives the same bits), then the
+// bias (as PyTorch's addmm and OpenBLAS with beta = 1 add it: after the products). A long inner
+// dimension runs in slices of kSliceK, each slice's sum added to C (blocked summation, as
+// OpenBLAS's own inner blocking does; the slices depend on the shape only).
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "dtrain/core/error.h"
@@ -30,20 +37,14 @@ constexpr int kRows = 6;
 constexpr int kCols = 16;
 constexpr int64_t kSliceK = 256;       // inner slice when k > kMaxOnePassK
 constexpr int64_t kMaxOnePassK = 512;  // up to this k, one pass (a panel of k × 16 ≤ 32 KB)
+// Rows × inner slice of A that a pass of the panels keeps in L2: 96 KB when the rows split (A
+// read in place), 192 KB when the panels split (dW: one chunk holds all of a 128-row xᵀ slice).
+constexpr int64_t kRowChunkFloats = 24576;
+constexpr int64_t kPanelChunkFloats = 49152;
 
 // What a tile adds to its accumulators when it stores them: nothing (C = acc), the bias
 // (C = acc + bias) or C's partial sums from the previous inner slices (C += acc).
 enum class Finish { kStore, kBias, kAddC };
-
-struct Operands {
-  const float* a;
-  int64_t a_row_stride, a_inner_stride;
-  const float* panels;  // panel p: packed[(p · k + l) · 16 + jj] = B(l, 16p + jj)
-  int64_t k;
-  const float* bias;
-  float* c;
-  int64_t ldc, n;
-};
 
 __m256i tail_mask(int cols) {
   alignas(32) static const int kLanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
@@ -51,20 +52,31 @@ __m256i tail_mask(int cols) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kLanes + 8 - std::clamp(cols, 0, 8)));
 }
 
-// Rows [i0, i0 + Rows) × panel p over the inner slice [l0, l1).
+// One tile: C[q, jj] (c + q · ldc + jj, q < Rows, jj < cols) from A(q, l) = a[q · rs + l · is]
+// and the panel's slice b[l · 16 + jj], l < kc; bias (if kBias) at bias[jj].
+struct TileArgs {
+  const float* a;
+  int64_t rs, is;
+  const float* b;
+  int64_t kc;
+  const float* bias;
+  float* c;
+  int64_t ldc;
+  int cols;
+  Finish finish;
+};
+
 template <int Rows>
-void tile(const Operands& o, int64_t i0, int64_t p, int64_t l0, int64_t l1, Finish finish) {
-  const int64_t j0 = p * kCols;
-  const int cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0));
-  const __m256i m0 = tail_mask(cols), m1 = tail_mask(cols - 8);
+void tile(const TileArgs& t) {
+  const __m256i m0 = tail_mask(t.cols), m1 = tail_mask(t.cols - 8);
   __m256 acc[Rows][2];
 #pragma GCC unroll 6
   for (int q = 0; q < Rows; ++q) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
-  const int64_t rs = o.a_row_stride, is = o.a_inner_stride;
-  const float* a = o.a + i0 * rs + l0 * is;
-  const float* b = o.panels + (p * o.k + l0) * kCols;
+  const int64_t rs = t.rs, is = t.is;
+  const float* a = t.a;
+  const float* b = t.b;
 #pragma GCC unroll 4
-  for (int64_t l = l0; l < l1; ++l, a += is, b += kCols) {
+  for (int64_t l = 0; l < t.kc; ++l, a += is, b += kCols) {
     const __m256 b0 = _mm256_loadu_ps(b);
     const __m256 b1 = _mm256_loadu_ps(b + 8);
 #pragma GCC unroll 6
@@ -74,26 +86,26 @@ void tile(const Operands& o, int64_t i0, int64_t p, int64_t l0, int64_t l1, Fini
       acc[q][1] = _mm256_fmadd_ps(av, b1, acc[q][1]);
     }
   }
-  if (finish == Finish::kBias) {
-    const __m256 b0 = _mm256_maskload_ps(o.bias + j0, m0);
-    const __m256 b1 = _mm256_maskload_ps(o.bias + j0 + 8, m1);
+  if (t.finish == Finish::kBias) {
+    const __m256 b0 = _mm256_maskload_ps(t.bias, m0);
+    const __m256 b1 = _mm256_maskload_ps(t.bias + 8, m1);
 #pragma GCC unroll 6
     for (int q = 0; q < Rows; ++q) {
       acc[q][0] = _mm256_add_ps(acc[q][0], b0);
       acc[q][1] = _mm256_add_ps(acc[q][1], b1);
     }
-  } else if (finish == Finish::kAddC) {
+  } else if (t.finish == Finish::kAddC) {
 #pragma GCC unroll 6
     for (int q = 0; q < Rows; ++q) {
-      const float* c = o.c + (i0 + q) * o.ldc + j0;
+      const float* c = t.c + q * t.ldc;
       acc[q][0] = _mm256_add_ps(_mm256_maskload_ps(c, m0), acc[q][0]);
       acc[q][1] = _mm256_add_ps(_mm256_maskload_ps(c + 8, m1), acc[q][1]);
     }
   }
 #pragma GCC unroll 6
   for (int q = 0; q < Rows; ++q) {
-    float* c = o.c + (i0 + q) * o.ldc + j0;
-    if (cols == kCols) {
+    float* c = t.c + q * t.ldc;
+    if (t.cols == kCols) {
       _mm256_storeu_ps(c, acc[q][0]);
       _mm256_storeu_ps(c + 8, acc[q][1]);
     } else {
@@ -103,117 +115,230 @@ void tile(const Operands& o, int64_t i0, int64_t p, int64_t l0, int64_t l1, Fini
   }
 }
 
-void tile_rows(const Operands& o, int rows, int64_t i0, int64_t p, int64_t l0, int64_t l1,
-               Finish finish) {
+void tile_rows(int rows, const TileArgs& t) {
   switch (rows) {
     case 6:
-      return tile<6>(o, i0, p, l0, l1, finish);
+      return tile<6>(t);
     case 5:
-      return tile<5>(o, i0, p, l0, l1, finish);
+      return tile<5>(t);
     case 4:
-      return tile<4>(o, i0, p, l0, l1, finish);
+      return tile<4>(t);
     case 3:
-      return tile<3>(o, i0, p, l0, l1, finish);
+      return tile<3>(t);
     case 2:
-      return tile<2>(o, i0, p, l0, l1, finish);
+      return tile<2>(t);
     default:
-      return tile<1>(o, i0, p, l0, l1, finish);
+      return tile<1>(t);
   }
 }
 
-// Rows [r0, r1): per inner slice, chunks of rows whose slice of A stays in L2 while every
-// panel's slice passes over them.
-void rows_range(const Operands& o, int64_t r0, int64_t r1) {
-  const int64_t slice = o.k <= kMaxOnePassK ? std::max<int64_t>(o.k, 1) : kSliceK;
-  const int64_t chunk = std::clamp<int64_t>(24576 / slice / kRows * kRows, kRows, 384);
-  const int64_t panels = (o.n + kCols - 1) / kCols;
-  for (int64_t l0 = 0; l0 < std::max<int64_t>(o.k, 1); l0 += slice) {
-    const int64_t l1 = std::min(o.k, l0 + slice);
-    const Finish finish =
-        l0 > 0 ? Finish::kAddC : (o.bias != nullptr ? Finish::kBias : Finish::kStore);
+struct Operands {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+  const float* bias;
+  float* c;
+  int64_t ldc;
+  float* b_column_sums;
+  // The inner slice (shape-dependent only) and A's strides per row and per inner step.
+  int64_t slice, a_row_stride, a_inner_stride;
+};
+
+Finish finish_of(const Operands& o, int64_t l0) {
+  return l0 > 0 ? Finish::kAddC : (o.bias != nullptr ? Finish::kBias : Finish::kStore);
+}
+
+// Packs op(B)[l0 : l0 + kc, 16 p0 : 16 p1] into zero-padded panels of 16 columns:
+// out[((p − p0) · kc + l) · 16 + jj] = B(l0 + l, 16p + jj). With `sums` (not trans_b), also
+// adds each column's values to sums[j] in increasing l (sums start at 0 for l0 = 0).
+void pack_panels(const Operands& o, int64_t l0, int64_t kc, int64_t p0, int64_t p1, float* out,
+                 float* sums) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t j0 = p * kCols;
+    const int cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0));
+    float* dst = out + (p - p0) * kc * kCols;
+    if (!o.trans_b) {
+      // A row of the panel is 64 bytes: two vector copies (masked for a partial panel), not a
+      // memmove call each.
+      const __m256i m0 = tail_mask(cols), m1 = tail_mask(cols - 8);
+      const float* src = o.b + l0 * o.ldb + j0;
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+      if (sums != nullptr && l0 > 0) {
+        s0 = _mm256_maskload_ps(sums + j0, m0);
+        s1 = _mm256_maskload_ps(sums + j0 + 8, m1);
+      }
+      for (int64_t l = 0; l < kc; ++l, dst += kCols, src += o.ldb) {
+        const __m256 v0 = _mm256_maskload_ps(src, m0), v1 = _mm256_maskload_ps(src + 8, m1);
+        _mm256_storeu_ps(dst, v0);
+        _mm256_storeu_ps(dst + 8, v1);
+        if (sums != nullptr) {
+          s0 = _mm256_add_ps(s0, v0);
+          s1 = _mm256_add_ps(s1, v1);
+        }
+      }
+      if (sums != nullptr) {
+        _mm256_maskstore_ps(sums + j0, m0, s0);
+        _mm256_maskstore_ps(sums + j0 + 8, m1, s1);
+      }
+    } else {
+      // B(l, j) = b[j · ldb + l]: column by column.
+      std::fill(dst, dst + kc * kCols, 0.0f);
+      for (int jj = 0; jj < cols; ++jj) {
+        const float* src = o.b + (j0 + jj) * o.ldb + l0;
+        for (int64_t l = 0; l < kc; ++l) dst[l * kCols + jj] = src[l];
+      }
+    }
+  }
+}
+
+// Rows [r0, r1) of C over every column, op(B) packed whole (all inner slices) in `panels`:
+// per inner slice, chunks of rows whose slice of A stays in L2 while every panel's slice passes
+// over them.
+void rows_range(const Operands& o, const float* panels, int64_t r0, int64_t r1) {
+  const int64_t chunk = std::clamp<int64_t>(kRowChunkFloats / o.slice / kRows * kRows, kRows, 384);
+  const int64_t np = (o.n + kCols - 1) / kCols;
+  for (int64_t l0 = 0; l0 < std::max<int64_t>(o.k, 1); l0 += o.slice) {
+    const int64_t kc = std::min(o.k, l0 + o.slice) - l0;
     for (int64_t c0 = r0; c0 < r1; c0 += chunk) {
       const int64_t c1 = std::min(r1, c0 + chunk);
-      for (int64_t p = 0; p < panels; ++p) {
+      for (int64_t p = 0; p < np; ++p) {
+        const int64_t j0 = p * kCols;
+        TileArgs t{.a = nullptr,
+                   .rs = o.a_row_stride,
+                   .is = o.a_inner_stride,
+                   .b = panels + (p * o.k + l0) * kCols,
+                   .kc = kc,
+                   .bias = o.bias != nullptr ? o.bias + j0 : nullptr,
+                   .c = nullptr,
+                   .ldc = o.ldc,
+                   .cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0)),
+                   .finish = finish_of(o, l0)};
         for (int64_t i = c0; i < c1; i += kRows) {
-          tile_rows(o, static_cast<int>(std::min<int64_t>(kRows, c1 - i)), i, p, l0, l1, finish);
+          t.a = o.a + i * o.a_row_stride + l0 * o.a_inner_stride;
+          t.c = o.c + i * o.ldc + j0;
+          tile_rows(static_cast<int>(std::min<int64_t>(kRows, c1 - i)), t);
         }
       }
     }
   }
 }
 
-// Packs op(B) [k, n] into zero-padded panels of 16 columns.
-// With `sums` (not trans_b), also each column's sum over l, in increasing l from 0.
-void pack_panels(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb, float* out,
-                 float* sums) {
-  const int64_t panels = (n + kCols - 1) / kCols;
-  parallel_for(panels, grain_for(k * kCols), [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t j0 = p * kCols;
-      const int cols = static_cast<int>(std::min<int64_t>(kCols, n - j0));
-      float* dst = out + p * k * kCols;
-      if (!trans_b) {
-        // A row of the panel is 64 bytes: two vector copies (masked for a partial panel), not a
-        // memmove call each.
-        const __m256i m0 = tail_mask(cols), m1 = tail_mask(cols - 8);
-        const float* src = b + j0;
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-        for (int64_t l = 0; l < k; ++l, dst += kCols, src += ldb) {
-          const __m256 v0 = _mm256_maskload_ps(src, m0), v1 = _mm256_maskload_ps(src + 8, m1);
-          _mm256_storeu_ps(dst, v0);
-          _mm256_storeu_ps(dst + 8, v1);
-          if (sums != nullptr) {
-            s0 = _mm256_add_ps(s0, v0);
-            s1 = _mm256_add_ps(s1, v1);
-          }
-        }
-        if (sums != nullptr) {
-          _mm256_maskstore_ps(sums + j0, m0, s0);
-          _mm256_maskstore_ps(sums + j0 + 8, m1, s1);
-        }
-      } else {
-        // B(l, j) = b[j · ldb + l]: column by column.
-        std::fill(dst, dst + k * kCols, 0.0f);
-        for (int jj = 0; jj < cols; ++jj) {
-          const float* src = b + (j0 + jj) * ldb;
-          for (int64_t l = 0; l < k; ++l) dst[l * kCols + jj] = src[l];
+// Rows [c0, c1) × inner [l0, l0 + kc) of A, stored transposed (A(i, l) = a[l · lda + i]),
+// packed into 6-row tiles: out[(i0 − c0) · kc + l · 6 + q] = A(i0 + q, l0 + l) for the tile at
+// i0 (a partial last tile leaves its missing rows unwritten; its tile never reads them).
+void pack_a_transposed(const Operands& o, int64_t l0, int64_t kc, int64_t c0, int64_t c1,
+                       float* out) {
+  // Row l of the stored Aᵀ is read once, in order, and dealt out to the tiles (each written in
+  // order too): reading tile by tile took a cache line per l for six floats of it.
+  const int64_t full = (c1 - c0) / kRows * kRows;
+  for (int64_t l = 0; l < kc; ++l) {
+    const float* src = o.a + (l0 + l) * o.lda + c0;
+    float* dst = out + l * kRows;
+    for (int64_t i = 0; i < full; i += kRows)
+      std::memcpy(dst + i * kc, src + i, kRows * sizeof(float));
+    for (int64_t i = full; i < c1 - c0; ++i) dst[full * kc + (i - full)] = src[i];
+  }
+}
+
+// Panels [p0, p1) of C over every row, for a large op(B) (dW = xᵀ·dz: B is dz, as large as the
+// activations): op(B) packed one inner slice at a time into a buffer that stays in cache (the
+// column sums continued slice by slice), so B is read from memory once and never written back.
+void panels_range(const Operands& o, int64_t p0, int64_t p1) {
+  thread_local std::vector<float> buffer, packed_a;
+  const auto need = static_cast<size_t>((p1 - p0) * o.slice * kCols);
+  if (buffer.size() < need) buffer.resize(need);
+  float* panels = buffer.data();
+  const int64_t chunk =
+      std::clamp<int64_t>(kPanelChunkFloats / o.slice / kRows * kRows, kRows, 384);
+  // Aᵀ stored (xᵀ of dW): a tile's six values of one l are adjacent, but each l is another row
+  // of x, so the tile would touch a cache line per l; packed, its slice is 6·kc floats in a row.
+  const bool pack_a = o.trans_a;
+  if (pack_a && packed_a.size() < static_cast<size_t>(chunk * o.slice)) {
+    packed_a.resize(static_cast<size_t>(chunk * o.slice));
+  }
+  for (int64_t l0 = 0; l0 < o.k; l0 += o.slice) {
+    const int64_t kc = std::min(o.k, l0 + o.slice) - l0;
+    pack_panels(o, l0, kc, p0, p1, panels, o.b_column_sums);
+    for (int64_t c0 = 0; c0 < o.m; c0 += chunk) {
+      const int64_t c1 = std::min(o.m, c0 + chunk);
+      if (pack_a) pack_a_transposed(o, l0, kc, c0, c1, packed_a.data());
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t j0 = p * kCols;
+        TileArgs t{.a = nullptr,
+                   .rs = pack_a ? 1 : o.a_row_stride,
+                   .is = pack_a ? kRows : o.a_inner_stride,
+                   .b = panels + (p - p0) * kc * kCols,
+                   .kc = kc,
+                   .bias = o.bias != nullptr ? o.bias + j0 : nullptr,
+                   .c = nullptr,
+                   .ldc = o.ldc,
+                   .cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0)),
+                   .finish = finish_of(o, l0)};
+        for (int64_t i = c0; i < c1; i += kRows) {
+          t.a = pack_a ? packed_a.data() + (i - c0) * kc
+                       : o.a + i * o.a_row_stride + l0 * o.a_inner_stride;
+          t.c = o.c + i * o.ldc + j0;
+          tile_rows(static_cast<int>(std::min<int64_t>(kRows, c1 - i)), t);
         }
       }
     }
-  });
+  }
 }
 
 // Below this many multiply-adds, OpenBLAS: a small product costs little either way, and small
 // models (the 20-step PyTorch differential's among them) keep OpenBLAS's bits, which PyTorch
 // linked to the same OpenBLAS reproduces (docs/decisions.md).
 constexpr int64_t kMinWork = int64_t{1} << 20;
+// op(B) above this many floats (the weights are far smaller) is packed slice by slice.
+constexpr int64_t kLargeB = int64_t{1} << 18;
 
 void panel_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                 int64_t lda, const float* b, int64_t ldb, const float* bias, float* c, int64_t ldc,
                 float* b_column_sums) {
   const int64_t panels = (n + kCols - 1) / kCols;
+  const Operands o{.trans_a = trans_a,
+                   .trans_b = trans_b,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .a = a,
+                   .lda = lda,
+                   .b = b,
+                   .ldb = ldb,
+                   .bias = bias,
+                   .c = c,
+                   .ldc = ldc,
+                   .b_column_sums = b_column_sums,
+                   .slice = k <= kMaxOnePassK ? std::max<int64_t>(k, 1) : kSliceK,
+                   .a_row_stride = trans_a ? 1 : lda,
+                   .a_inner_stride = trans_a ? lda : 1};
+  if (k > 0 && k * n > kLargeB) {
+    // Panels in ranges; each element is computed the same way in any range (header comment).
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, m * k));
+    parallel_for(panels, grain, [&](int64_t p0, int64_t p1) { panels_range(o, p0, p1); });
+    return;
+  }
   // One buffer per calling thread, grown as needed (the step's shapes repeat).
   thread_local std::vector<float> packed;
   const auto need = static_cast<size_t>(panels * std::max<int64_t>(k, 1) * kCols);
   if (packed.size() < need) packed.resize(need);
+  float* const panels_data = packed.data();  // (packed names each thread's own buffer)
   if (k > 0) {
-    pack_panels(trans_b, n, k, b, ldb, packed.data(), b_column_sums);
+    parallel_for(panels, grain_for(k * kCols), [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        pack_panels(o, 0, k, p, p + 1, panels_data + p * k * kCols, b_column_sums);
+      }
+    });
   } else if (b_column_sums != nullptr) {
     std::fill(b_column_sums, b_column_sums + n, 0.0f);
   }
-  const Operands o{.a = a,
-                   .a_row_stride = trans_a ? 1 : lda,
-                   .a_inner_stride = trans_a ? lda : 1,
-                   .panels = packed.data(),
-                   .k = k,
-                   .bias = bias,
-                   .c = c,
-                   .ldc = ldc,
-                   .n = n};
   // Rows in ranges of whole tiles; the split changes no bits (header comment).
   const int64_t grain = std::max<int64_t>(
       kRows, (int64_t{1} << 20) / std::max<int64_t>(1, n * k) / kRows * kRows + kRows);
-  parallel_for(m, grain, [&](int64_t r0, int64_t r1) { rows_range(o, r0, r1); });
+  parallel_for(m, grain, [&](int64_t r0, int64_t r1) { rows_range(o, panels_data, r0, r1); });
 }
 #endif
 

@@ -100,14 +100,21 @@ void block_avx2(const SmallGemmArgs& g, int64_t i0, const BlockRanges& r, int64_
     }
   };
   for (int64_t l = r.lo; l < r.f0; ++l) masked_step(l);
-  for (int64_t l = r.f0; l < r.f1; ++l) {
-    const __m256 b0 = _mm256_loadu_ps(b + l * g.ldb);
-    const __m256 b1 = _mm256_loadu_ps(b + l * g.ldb + 8);
+  {
+    // The steps every row takes: pointers stepped, not l times the strides.
+    const float* al = a + r.f0 * is;
+    const float* bl = b + r.f0 * g.ldb;
+    const int64_t ldb = g.ldb;
+#pragma GCC unroll 4
+    for (int64_t l = r.f0; l < r.f1; ++l, al += is, bl += ldb) {
+      const __m256 b0 = _mm256_loadu_ps(bl);
+      const __m256 b1 = _mm256_loadu_ps(bl + 8);
 #pragma GCC unroll 6
-    for (int q = 0; q < Rows; ++q) {
-      const __m256 av = _mm256_broadcast_ss(a + q * rs + l * is);
-      acc[q][0] = _mm256_fmadd_ps(av, b0, acc[q][0]);
-      acc[q][1] = _mm256_fmadd_ps(av, b1, acc[q][1]);
+      for (int q = 0; q < Rows; ++q) {
+        const __m256 av = _mm256_broadcast_ss(al + q * rs);
+        acc[q][0] = _mm256_fmadd_ps(av, b0, acc[q][0]);
+        acc[q][1] = _mm256_fmadd_ps(av, b1, acc[q][1]);
+      }
     }
   }
   for (int64_t l = r.f1; l < r.hi; ++l) masked_step(l);

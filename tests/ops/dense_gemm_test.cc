@@ -1,7 +1,8 @@
 // dense_gemm against a double-precision triple loop for every transpose combination the dense
 // layers use, with a bias and without, padded leading dimensions (padding is NaN, so reading it
 // shows; C's padding must stay untouched), shapes that leave partial row tiles (of 6) and column
-// panels (of 16), an inner dimension long enough to run in slices, and shapes below the size at
+// panels (of 16), an inner dimension long enough to run in slices, a B large enough to be packed
+// slice by slice (the column sums carried over the slices), and shapes below the size at
 // which dense_gemm hands the product to OpenBLAS; B's column sums bitwise equal to
 // ops::column_sum's. Then: the same bits for one thread and two.
 #include <gtest/gtest.h>
@@ -100,7 +101,13 @@ const Case kCases[] = {
     {false, true, 700, 128, 113, true},
     {true, false, 128, 113, 1100, false},  // k in slices, the last one partial
     {true, false, 61, 16, 2048, false},
-    {false, false, 5, 300, 1200, true},  // fewer rows than a tile
+    // op(B) large enough to be packed one inner slice at a time (dW = xᵀ·dz), the column sums
+    // continued over the slices; a partial last panel and slice; with a bias and Aᵀ stored.
+    {true, false, 61, 300, 1100, false},
+    {false, false, 40, 130, 2100, true},
+    {true, true, 30, 520, 600, false},
+    {true, false, 70, 400, 1300, false},  // enough panels that two threads split them
+    {false, false, 5, 300, 1200, true},   // fewer rows than a tile
     {true, true, 200, 50, 300, true},
     {false, false, 4, 7, 0, true},  // k = 0: the bias alone
     // Below the hand-off: OpenBLAS (with the bias broadcast first).

@@ -124,8 +124,8 @@ phases() {
   local events="$tmp/$1/events.jsonl" line="" p
   for p in assigned started received restored first_step; do
     line+=$({ grep '"source":"survivor"' "$events" 2> /dev/null || true; } |
-      { grep -oE "\"${p}_after_failure_s\":\"[0-9.e+-]+\"" || true; } | grep -oE '[0-9.e+-]+"$' |
-      tr -d '"' | awk -v p="$p" '{ s += $1; n++; if (n == 1 || $1 < lo) lo = $1; if ($1 > hi) hi = $1 }
+      { grep -oE "\"${p}_after_failure_s\":\"[0-9.e+-]+\"" || true; } |
+      { grep -oE '[0-9.e+-]+"$' || true; } | tr -d '"' | awk -v p="$p" '{ s += $1; n++; if (n == 1 || $1 < lo) lo = $1; if ($1 > hi) hi = $1 }
         END { if (n) printf " %s %.3f (%.3f-%.3f)", p, s / n, lo, hi }')
   done
   local n

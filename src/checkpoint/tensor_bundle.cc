@@ -215,14 +215,7 @@ void BundleWriter::add(std::string_view key, const Tensor& tensor) {
   e.masked_crc32c = crc32c::mask(crc);
 }
 
-void BundleWriter::add_strings(std::string_view key, const std::vector<std::string>& values,
-                               const Shape& shape) {
-  DTRAIN_CHECK(static_cast<int64_t>(values.size()) == shape.num_elements(), "BundleWriter ",
-               prefix_, ": string tensor '", key, "' has ", values.size(), " elements but shape ",
-               shape.to_string());
-  BundleEntry& e = impl_->new_entry(key, prefix_);
-  e.dtype = DType::kString;
-  e.shape = shape;
+std::pair<std::string, uint32_t> string_tensor_header(const std::vector<std::string>& values) {
   // TF's WriteStringTensor: varint64 lengths, a masked checksum of the lengths (each fed to the
   // CRC as a 4-byte LE uint32, or 8 bytes past 4 GiB), then the bytes.
   std::string header;
@@ -240,6 +233,18 @@ void BundleWriter::add_strings(std::string_view key, const std::vector<std::stri
   const size_t lengths_end = header.size();
   wire::put_fixed32(header, crc32c::mask(crc));
   crc = crc32c::extend(crc, header.data() + lengths_end, 4);
+  return {std::move(header), crc};
+}
+
+void BundleWriter::add_strings(std::string_view key, const std::vector<std::string>& values,
+                               const Shape& shape) {
+  DTRAIN_CHECK(static_cast<int64_t>(values.size()) == shape.num_elements(), "BundleWriter ",
+               prefix_, ": string tensor '", key, "' has ", values.size(), " elements but shape ",
+               shape.to_string());
+  BundleEntry& e = impl_->new_entry(key, prefix_);
+  e.dtype = DType::kString;
+  e.shape = shape;
+  auto [header, crc] = string_tensor_header(values);
   impl_->data->append(header);
   int64_t size = static_cast<int64_t>(header.size());
   for (const std::string& s : values) {

@@ -26,7 +26,6 @@
 #include "dtrain/core/crc32c.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
-#include "dtrain/core/proto_wire.h"
 
 namespace dtrain::train {
 namespace {
@@ -69,19 +68,7 @@ void remove_leftovers(const std::string& dir, const std::string& name) {
 // The bytes TF's BundleWriter writes for a scalar DT_STRING tensor holding `s` (varint length,
 // masked CRC of the length, the bytes), and their CRC.
 std::pair<std::string, uint32_t> string_tensor_bytes(const std::string& s) {
-  std::string out;
-  wire::put_varint(out, s.size());
-  uint32_t crc = 0;
-  if (s.size() <= 0xffffffffu) {
-    const uint32_t len = static_cast<uint32_t>(s.size());
-    crc = crc32c::extend(crc, &len, 4);
-  } else {
-    const uint64_t len = s.size();
-    crc = crc32c::extend(crc, &len, 8);
-  }
-  const size_t lengths_end = out.size();
-  wire::put_fixed32(out, crc32c::mask(crc));
-  crc = crc32c::extend(crc, out.data() + lengths_end, 4);
+  auto [out, crc] = checkpoint::string_tensor_header({s});
   out += s;
   crc = crc32c::extend(crc, s.data(), s.size());
   return {std::move(out), crc};

@@ -109,6 +109,11 @@ struct BundleWriterOptions {
 // Writes one bundle: `<prefix>.data-00000-of-00001` while tensors are added, then the index.
 // Both go to temporary files that are fsynced and renamed into place only by finish(), data
 // first and index last, so a crash leaves either the complete bundle or no new index.
+// What TF's WriteStringTensor writes before the bytes of a string tensor's `values`: their
+// varint64 lengths and the masked CRC-32C of the lengths; and the CRC-32C (unmasked) of the
+// entry so far, which the values' bytes extend into the entry's checksum.
+std::pair<std::string, uint32_t> string_tensor_header(const std::vector<std::string>& values);
+
 class BundleWriter {
  public:
   // Creates the prefix's directory if needed and opens the temporary data file. Throws the

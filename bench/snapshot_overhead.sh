@@ -22,16 +22,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 tmp=$(mktemp -d)
 trap "rm -rf \"\$tmp\"" EXIT
 job="${JOB:-mlp}"
-case "$job" in
-  mlp) job_args=(--batch-size 64) ;;
-  lm)
-    fortunes_corpus "$tmp/fortunes.txt"
-    job_args=(--arch gpt --corpus "$tmp/fortunes.txt" --context 64 --layers 2 --d-model 64
-      --heads 4 --batch-size 16 --optimizer adamw --learning-rate 1e-3 --global-clipnorm 1.0
-      --validation-split 0.01 --steps-per-epoch "${STEPS:-100}")
-    ;;
-  *) echo "JOB must be mlp or lm, not '$job'" >&2; exit 2 ;;
-esac
+kill_loop_job_args "$job" "$tmp"
 binaries=(B)
 declare -A path=([B]="$b")
 if [[ -n "${DTRAIN_A:-}" ]]; then

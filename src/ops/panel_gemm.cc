@@ -151,6 +151,22 @@ Finish finish_of(const Operands& o, int64_t l0) {
   return l0 > 0 ? Finish::kAddC : (o.bias != nullptr ? Finish::kBias : Finish::kStore);
 }
 
+// The tile arguments for the columns from `j0` over the inner slice [l0, l0 + kc), with B's panel
+// at `b` and A read with strides (rs, is); the caller sets `a` and `c` per row block.
+TileArgs panel_tile(const Operands& o, int64_t j0, int64_t l0, int64_t kc, const float* b,
+                    int64_t rs, int64_t is) {
+  return TileArgs{.a = nullptr,
+                  .rs = rs,
+                  .is = is,
+                  .b = b,
+                  .kc = kc,
+                  .bias = o.bias != nullptr ? o.bias + j0 : nullptr,
+                  .c = nullptr,
+                  .ldc = o.ldc,
+                  .cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0)),
+                  .finish = finish_of(o, l0)};
+}
+
 // Packs op(B)[l0 : l0 + kc, 16 p0 : 16 p1] into zero-padded panels of 16 columns:
 // out[((p − p0) · kc + l) · 16 + jj] = B(l0 + l, 16p + jj). With `sums` (not trans_b), also
 // adds each column's values to sums[j] in increasing l (sums start at 0 for l0 = 0).
@@ -206,16 +222,8 @@ void rows_range(const Operands& o, const float* panels, int64_t r0, int64_t r1) 
       const int64_t c1 = std::min(r1, c0 + chunk);
       for (int64_t p = 0; p < np; ++p) {
         const int64_t j0 = p * kCols;
-        TileArgs t{.a = nullptr,
-                   .rs = o.a_row_stride,
-                   .is = o.a_inner_stride,
-                   .b = panels + (p * o.k + l0) * kCols,
-                   .kc = kc,
-                   .bias = o.bias != nullptr ? o.bias + j0 : nullptr,
-                   .c = nullptr,
-                   .ldc = o.ldc,
-                   .cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0)),
-                   .finish = finish_of(o, l0)};
+        TileArgs t = panel_tile(o, j0, l0, kc, panels + (p * o.k + l0) * kCols, o.a_row_stride,
+                                o.a_inner_stride);
         for (int64_t i = c0; i < c1; i += kRows) {
           t.a = o.a + i * o.a_row_stride + l0 * o.a_inner_stride;
           t.c = o.c + i * o.ldc + j0;
@@ -267,16 +275,8 @@ void panels_range(const Operands& o, int64_t p0, int64_t p1) {
       if (pack_a) pack_a_transposed(o, l0, kc, c0, c1, packed_a.data());
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t j0 = p * kCols;
-        TileArgs t{.a = nullptr,
-                   .rs = pack_a ? 1 : o.a_row_stride,
-                   .is = pack_a ? kRows : o.a_inner_stride,
-                   .b = panels + (p - p0) * kc * kCols,
-                   .kc = kc,
-                   .bias = o.bias != nullptr ? o.bias + j0 : nullptr,
-                   .c = nullptr,
-                   .ldc = o.ldc,
-                   .cols = static_cast<int>(std::min<int64_t>(kCols, o.n - j0)),
-                   .finish = finish_of(o, l0)};
+        TileArgs t = panel_tile(o, j0, l0, kc, panels + (p - p0) * kc * kCols,
+                                pack_a ? 1 : o.a_row_stride, pack_a ? kRows : o.a_inner_stride);
         for (int64_t i = c0; i < c1; i += kRows) {
           t.a = pack_a ? packed_a.data() + (i - c0) * kc
                        : o.a + i * o.a_row_stride + l0 * o.a_inner_stride;

@@ -6,8 +6,10 @@
 # snapshot its launcher holds), both restarting every worker (--on-failure restart-all), and
 # survivors (--on-failure survivors: only the killed worker restarts, the other rolls back to the
 # agreed snapshot in its own process), and spares (survivors with --spares 1: a standby worker,
-# data loaded and model built, takes over the killed rank instead of a new process; the kills
-# pick workers only, never the standby spare); and PyTorch DDP on the same job under torchrun
+# data loaded and model built, takes over the killed rank instead of a new process; each spare
+# is forked by the spares' fork server, --spare-start fork; the kills pick workers only, never
+# the standby spare or the server), the same with --spare-start exec (each spare a process of its
+# own that loads and builds, as before the fork server); and PyTorch DDP on the same job under torchrun
 # --max_restarts with torch.save every 50 steps (bench/torchrun_kill_loop.sh; NO_TORCH=1 skips
 # it), its goodput against its own uninterrupted run. Goodput = uninterrupted wall time / wall time with kills;
 # recovery_s = mean of the launcher's recovery_seconds (failure detected -> first step after it;
@@ -39,10 +41,11 @@ trap "${KEEP_TMP:+:} rm -rf \"\$tmp\"" EXIT
 job="${JOB:-mlp}"
 kill_loop_job_args "$job" "$tmp"
 
-# The launcher's children that are workers: not a spare standing by (started, never taken over).
+# The launcher's children that are workers: not a spare standing by (started, never taken over),
+# nor the spares' fork server.
 workers_of() {
   local launcher=$1 events=$2 standby taken
-  standby=$({ grep -E '"kind":"spare_started"' "$events" 2> /dev/null || true; } |
+  standby=$({ grep -E '"kind":"spare_(started|fork_server)"' "$events" 2> /dev/null || true; } |
     { grep -oE '"pid":[0-9]+' || true; } | cut -d: -f2 | sort)
   taken=$({ grep -E '"kind":"spare_(takeover|lost)"' "$events" 2> /dev/null || true; } |
     { grep -oE '"pid":[0-9]+' || true; } | cut -d: -f2 | sort)
@@ -50,15 +53,18 @@ workers_of() {
   comm -23 <(pgrep -P "$launcher" | sort || true) <(echo "$standby")
 }
 
-# run NAME SNAPSHOT_EVERY KILL(0|1) [ON_FAILURE [SPARES]]: prints "seconds kills accuracy
-# lost_steps recovery_s"
+# run NAME SNAPSHOT_EVERY KILL(0|1) [ON_FAILURE [SPARES [SPARE_START]]]: prints "seconds kills
+# accuracy lost_steps recovery_s cpu_s" (cpu_s: the CPU time of the launcher and every process it
+# waited for: workers, spares, the spares' fork server; each run is a subshell of its own)
 run() {
-  local name=$1 snap=$2 kills_on=$3 mode=${4:-restart-all} spares=${5:-0} dir="$tmp/$1"
+  local name=$1 snap=$2 kills_on=$3 mode=${4:-restart-all} spares=${5:-0} spare_start=${6:-fork}
+  local dir="$tmp/$1"
   mkdir -p "$dir"
   local start end
   start=$(date +%s.%N)
   "$dtrain" launch --nproc-per-node 2 --max-restarts 100 --grace-period 1 \
-    --snapshot-every "$snap" --on-failure "$mode" --spares "$spares" --event-log "$dir/events.jsonl" -- \
+    --snapshot-every "$snap" --on-failure "$mode" --spares "$spares" --spare-start "$spare_start" \
+    --event-log "$dir/events.jsonl" -- \
     "$dtrain" fit --strategy multi-worker --epochs "$epochs" "${job_args[@]}" --seed 0 \
     --verbose 2 --checkpoint-dir "$dir/ckpt" --checkpoint-every 50 --resume > "$dir/log" 2>&1 &
   local launcher=$! kills=0
@@ -80,34 +86,42 @@ run() {
   recovery=$({ grep '"kind":"recovered"' "$dir/events.jsonl" || true; } |
     { grep -oE '"recovery_seconds":[0-9.e+-]+' || true; } | cut -d: -f2 |
     awk '{ s += $1; n++ } END { if (n) printf "%.3f", s / n; else print "-" }')
-  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost $recovery"
+  local cpu
+  times > "$dir/times"  # in this shell: a pipeline's subshell would have no children
+  cpu=$(tail -1 "$dir/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%.2f", s }')
+  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost $recovery $cpu"
 }
 
-read -r t0 _ a0 _ _ < <(run clean 0 0)
-read -r t0s _ _ _ _ < <(run clean_snapshots "$every" 0)
-read -r td kd ad ld rd < <(run disk 0 1)
-read -r tm km am lm rm < <(run memory "$every" 1)
-read -r ts ks as ls rs < <(run survivors "$every" 1 survivors)
-read -r tp kp ap lp rp < <(run spares "$every" 1 survivors 1)
+read -r t0 _ a0 _ _ c0 < <(run clean 0 0)
+read -r t0s _ _ _ _ c0s < <(run clean_snapshots "$every" 0)
+read -r td kd ad ld rd cd < <(run disk 0 1)
+read -r tm km am lm rm cm < <(run memory "$every" 1)
+read -r ts ks as ls rs cs < <(run survivors "$every" 1 survivors)
+read -r tp kp ap lp rp cp < <(run spares "$every" 1 survivors 1)
+read -r te ke ae le re ce < <(run spares_exec "$every" 1 survivors 1 exec)
 torch_rows=()
 if [[ -z "${NO_TORCH:-}" && -x /usr/bin/torchrun ]]; then
   mapfile -t torch_rows < <(RAW=1 JOB=$job bench/torchrun_kill_loop.sh "$epochs" "$period" 50 "$max_kills")
 fi
 echo "job: $job; load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPROCESSORS_ONLN) CPUs; kill every ${period} s$(
   ((max_kills > 0)) && echo ", at most $max_kills kills")"
-printf '%-34s %8s %6s %9s %9s %10s %11s %9s\n' mode wall_s kills goodput s/failure lost_steps \
-  recovery_s accuracy
-printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "uninterrupted" "$t0" 0 "100.0%" - - - "$a0"
-printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "uninterrupted, snapshots every $every" "$t0s" 0 \
-  "$(echo "100 * $t0 / $t0s" | bc -l | xargs printf '%.1f%%')" - - - -
-for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad" \
-  "memory (snapshots every $every)|$tm|$km|$lm|$rm|$am" \
-  "survivors (snapshots every $every)|$ts|$ks|$ls|$rs|$as" \
-  "spares (survivors + --spares 1)|$tp|$kp|$lp|$rp|$ap"; do
-  IFS='|' read -r name t k l r a <<< "$row"
-  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s\n' "$name" "$t" "$k" \
+# cpu_s/failure: CPU time beyond the uninterrupted run's with snapshots (or without, for the disk
+# row), per kill: what a failure costs in CPU, which a loaded machine does not change much.
+printf '%-34s %8s %6s %9s %9s %10s %11s %9s %8s %13s\n' mode wall_s kills goodput s/failure \
+  lost_steps recovery_s accuracy cpu_s cpu_s/failure
+printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s\n' "uninterrupted" "$t0" 0 "100.0%" - - - \
+  "$a0" "$c0" -
+printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s\n' "uninterrupted, snapshots every $every" \
+  "$t0s" 0 "$(echo "100 * $t0 / $t0s" | bc -l | xargs printf '%.1f%%')" - - - - "$c0s" -
+for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad|$cd|$c0" \
+  "memory (snapshots every $every)|$tm|$km|$lm|$rm|$am|$cm|$c0s" \
+  "survivors (snapshots every $every)|$ts|$ks|$ls|$rs|$as|$cs|$c0s" \
+  "spares (survivors + --spares 1)|$tp|$kp|$lp|$rp|$ap|$cp|$c0s" \
+  "spares, --spare-start exec|$te|$ke|$le|$re|$ae|$ce|$c0s"; do
+  IFS='|' read -r name t k l r a c base <<< "$row"
+  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s %8s %13.3f\n' "$name" "$t" "$k" \
     "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" \
-    "$r" "$a"
+    "$r" "$a" "$c" "$(echo "($c - $base) / ($k + (${k} == 0))" | bc -l)"
 done
 # phases NAME: the mean (min-max) seconds after detection of each phase of the newcomers'
 # snapshot_restore events with "source":"survivor".
@@ -125,6 +139,7 @@ phases() {
 }
 phases survivors
 phases spares
+phases spares_exec
 if ((${#torch_rows[@]} == 2)); then
   read -r tt0 _ ta0 _ _ <<< "${torch_rows[0]}"
   read -r tt tk ta tl _ <<< "${torch_rows[1]}"

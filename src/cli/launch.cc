@@ -113,12 +113,17 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
   cmd->add_option("--on-failure", options.on_failure,
                   "restart-all: every failure restarts every worker; survivors: only the failed "
                   "workers restart, the others keep running and roll back to the newest "
-                  "in-memory snapshot (one node, --snapshot-every > 0)")
+                  "in-memory snapshot (--snapshot-every > 0)")
       ->capture_default_str();
   cmd->add_option("--spares", options.spares,
                   "Hot spares: keep this many standby workers started (data loaded, model built, "
-                  "connected) that take over a failed rank at once (one node, "
-                  "--snapshot-every > 0; at most 64)")
+                  "connected) that take over a failed rank of their node at once "
+                  "(--snapshot-every > 0; at most 64)")
+      ->capture_default_str();
+  cmd->add_option("--spare-start", options.spare_start,
+                  "fork: one fork server loads the data and builds the model once, and each "
+                  "spare is a fork of it (milliseconds of CPU); exec: each spare is a new "
+                  "process that loads and builds on its own")
       ->capture_default_str();
   cmd->add_option("--snapshot-root", options.snapshot_root,
                   "Directory for the snapshots' tmpfs directory (default /dev/shm)");

@@ -358,7 +358,8 @@ void Agent::start_spares(const Generation& g, const Worker& w) {
                    .service = rendezvous_.service(),
                    .command = o_.command,
                    .worker_variables = kWorkerDrop,
-                   .set = {str_cat(kEnvLauncherPid, "=", ::getpid())}};
+                   .set = {str_cat(kEnvLauncherPid, "=", ::getpid())},
+                   .fork_server = o_.spare_start == "fork"};
   for (const std::string& kv : worker_variables(g, w)) {
     so.worker_variables.push_back(kv.substr(0, kv.find('=')));
   }

@@ -90,6 +90,8 @@ void validate_launch_options(const LaunchOptions& o) {
                  "restores one when it takes over");
     DTRAIN_CHECK(!store_url, "launch: --spares needs the coordination service, not ", o.rdzv);
   }
+  DTRAIN_CHECK(o.spare_start == "fork" || o.spare_start == "exec", "launch: --spare-start '",
+               o.spare_start, "' must be fork or exec");
   check_process_count(o.nproc_per_node + o.spares,
                       o.spares > 0
                           ? str_cat("--nproc-per-node ", o.nproc_per_node, " + --spares ", o.spares)

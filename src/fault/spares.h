@@ -6,7 +6,13 @@
 // restarted worker of that rank would get). take() hands a ready spare to a failed rank in
 // place of a new process; tend() forwards the standby spares' output ("[spare N] "), replaces a
 // spare that died while standing by (a spare_lost event; never a worker failure) and tops the
-// set up to K in the background. Private to src/fault. Single-threaded (the launcher's loop).
+// set up to K in the background. With `fork_server` (the default) the spares are not started
+// with exec: one more copy of the command, the fork server (train/standby.h), loads the data and
+// builds the model once and forks each spare on request, which then costs milliseconds of CPU
+// instead of a process start, a data load and a model build taken from the training workers; the
+// launcher becomes a child subreaper so that the forked spares are its children. When the server
+// refuses (it has threads), fails or dies, spares are started with exec from then on. Private
+// to src/fault. Single-threaded (the launcher's loop).
 #pragma once
 
 #include <sys/types.h>
@@ -33,6 +39,7 @@ struct SparesOptions {
   // spare's environment until its assignment sets them.
   std::vector<std::string> worker_variables;
   std::vector<std::string> set;  // "NAME=value" every spare gets (launcher pid, ...)
+  bool fork_server = true;       // --spare-start fork (true) or exec
 };
 
 class Spares {
@@ -79,6 +86,21 @@ class Spares {
   void reap(int64_t generation);
   // Marks the spares whose ready key exists (one call to the service).
   void refresh_ready(int64_t generation);
+  // The fork server: started (false when it cannot be), a request for one spare, its answers,
+  // and its end (spares are started with exec after it).
+  bool start_fork_server(int64_t generation);
+  void request_fork(int64_t generation);
+  void read_fork_server(int64_t generation);
+  void stop_fork_server(int64_t generation, const std::string& why, const char* state);
+
+  struct ForkServer {
+    Process process;
+    int socket = -1;  // SOCK_SEQPACKET to the server
+    bool ready = false;
+    bool exited = false;  // reaped already
+    Clock::time_point started{};
+    std::optional<Spare> pending;  // requested; its pid comes in the answer
+  };
 
   SparesOptions o_;
   distribute::CoordinationClient& client_;
@@ -88,6 +110,8 @@ class Spares {
   int died_unready_ = 0;  // spares in a row that died before they stood by
   bool gave_up_ = false;
   Clock::time_point next_ready_check_{};
+  std::optional<ForkServer> server_;
+  bool fork_failed_ = false;  // spares are started with exec
 };
 
 }  // namespace dtrain::fault

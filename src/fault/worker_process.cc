@@ -82,10 +82,10 @@ void close_pair(int fds[2]) {
 // The child between fork and exec: only async-signal-safe calls (the launcher has threads).
 // Its own process group; SIGKILL when the launcher dies (PR_SET_PDEATHSIG, and at once when the
 // launcher died before that was set: the child was re-parented already); default signal
-// handling and, after that, an empty mask; stdout and stderr into the pipes. Writes errno to
-// `report` and exits 127 when exec fails.
+// handling and, after that, an empty mask; stdout and stderr into the pipes; `inherit` (>= 0)
+// kept open across the exec. Writes errno to `report` and exits 127 when exec fails.
 [[noreturn]] void exec_child(pid_t parent, const char* program, char* const argv[],
-                             char* const envp[], int out, int err, int report) {
+                             char* const envp[], int out, int err, int report, int inherit) {
   ::setpgid(0, 0);
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::raise(SIGKILL);
   struct sigaction dfl {};
@@ -104,7 +104,8 @@ void close_pair(int fds[2]) {
   sigset_t empty;
   sigemptyset(&empty);
   ::sigprocmask(SIG_SETMASK, &empty, nullptr);
-  if (::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0) {
+  if (::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0 ||
+      (inherit >= 0 && ::fcntl(inherit, F_SETFD, 0) != 0)) {
     const int e = errno;
     [[maybe_unused]] const ssize_t n = ::write(report, &e, sizeof e);
     ::_exit(127);
@@ -168,7 +169,7 @@ void close_stream(Stream& s, const std::string& prefix) {
 }
 
 Process spawn_process(const std::vector<std::string>& command, const std::vector<std::string>& env,
-                      const std::string& what) {
+                      const std::string& what, int inherit_fd) {
   DTRAIN_INTERNAL_CHECK(!command.empty(), "spawn_process: no command");
   const std::string cannot = str_cat("launch: cannot start '", command[0], "' for ", what, ": ");
   // Resolved here, not in the child: between fork and exec only async-signal-safe calls.
@@ -200,7 +201,8 @@ Process spawn_process(const std::vector<std::string>& command, const std::vector
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
-    exec_child(parent, program.c_str(), argv.data(), envp.data(), out[1], err[1], report[1]);
+    exec_child(parent, program.c_str(), argv.data(), envp.data(), out[1], err[1], report[1],
+               inherit_fd);
   }
   const int fork_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);

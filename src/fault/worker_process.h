@@ -53,9 +53,10 @@ struct Process {
 // grandchildren are the worker's to stop). Call it from the thread that lives as long as the
 // launcher. Throws
 // NotFoundError when the program does not exist, FailedPreconditionError when it cannot be
-// started, naming `what`.
+// started, naming `what`. `inherit_fd` >= 0: that descriptor stays open in the child (the
+// launcher's are close-on-exec), at the same number.
 Process spawn_process(const std::vector<std::string>& command, const std::vector<std::string>& env,
-                      const std::string& what);
+                      const std::string& what, int inherit_fd = -1);
 
 // The current environment without the variables named in `drop`, plus `set` ("NAME=value").
 std::vector<std::string> environment_with(const std::vector<std::string>& drop,

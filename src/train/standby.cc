@@ -1,12 +1,23 @@
 // A hot spare's wait for its rank (dtrain/train/standby.h).
 #include "dtrain/train/standby.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +40,171 @@ std::string required(const char* name) {
   return v;
 }
 
+// The threads of this process other than the calling one, by name (/proc/self/task/*/comm);
+// nullopt when /proc cannot be read.
+std::optional<std::vector<std::string>> other_threads() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return std::nullopt;
+  std::vector<std::string> names;
+  const std::string self = std::to_string(::gettid());
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.' || self == e->d_name) continue;
+    std::string name;
+    std::ifstream(str_cat("/proc/self/task/", e->d_name, "/comm")) >> name;
+    names.push_back(name.empty() ? std::string(e->d_name) : name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+void send_text(int fd, const std::string& text) {
+  ssize_t n;
+  do {
+    n = ::send(fd, text.data(), text.size(), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+}
+
+// One request of the launcher: "fork <id> <key>" with two descriptors (the spare's stdout and
+// stderr). Returns false at EOF (the launcher is done or gone). Throws DataLossError for
+// anything else.
+bool receive_fork_request(int fd, int& id, std::string& key, int& out, int& err) {
+  char buf[4096];
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+  iovec iov{.iov_base = buf, .iov_len = sizeof buf - 1};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE))) return false;
+  if (n < 0) throw DataLossError(str_cat("fork server: recvmsg: ", std::strerror(errno)));
+  buf[n] = '\0';
+  out = err = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len == CMSG_LEN(2 * sizeof(int))) {
+      int fds[2];
+      std::memcpy(fds, CMSG_DATA(c), sizeof fds);
+      out = fds[0];
+      err = fds[1];
+    }
+  }
+  char k[4000];
+  if (std::sscanf(buf, "fork %d %3999s", &id, k) != 2 || out < 0 || (msg.msg_flags & MSG_CTRUNC)) {
+    throw DataLossError(str_cat("fork server: the launcher's request '", buf,
+                                "' is not 'fork <id> <key>' with two descriptors"));
+  }
+  key = k;
+  return true;
+}
+
+// The forked spare, child of the launcher now: its own process group, SIGKILL when the
+// launcher dies, its own output pipes and its identity. Exits when it was not re-parented to
+// the launcher (the launcher is gone, or is no subreaper).
+void become_spare(pid_t launcher, pid_t intermediate, int id, const std::string& key, int out,
+                  int err) {
+  for (int i = 0; i < 10000 && ::getppid() == intermediate; ++i) ::usleep(100);
+  if (::getppid() != launcher) ::_exit(1);
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) ::raise(SIGKILL);
+  ::setpgid(0, 0);
+  if (::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0) ::_exit(1);
+  ::close(out);
+  ::close(err);
+  ::setenv(kEnvSpare, std::to_string(id).c_str(), 1);
+  ::setenv(kEnvSpareKey, key.c_str(), 1);
+  ::unsetenv(kEnvSpareForkFd);
+}
+
+// The fork server's loop (standby.h): returns only in a forked spare.
+void serve_spare_forks(const std::string& fd_text) {
+  int fd = -1;
+  try {
+    size_t used = 0;
+    fd = std::stoi(fd_text, &used);
+    if (used != fd_text.size() || fd < 0) throw std::invalid_argument("");
+  } catch (const std::exception&) {
+    throw InvalidArgumentError(
+        str_cat("standby: ", kEnvSpareForkFd, "='", fd_text, "' is not a file descriptor"));
+  }
+  const pid_t launcher = ::getppid();
+  // A first fork runs the libraries' fork handlers: OpenBLAS's stops its thread pool (restarted
+  // by the next BLAS call, which this process never makes). Threads nobody stops remain.
+  if (const pid_t probe = ::fork(); probe == 0) {
+    ::_exit(0);
+  } else if (probe > 0) {
+    ::waitpid(probe, nullptr, 0);
+  }
+  const auto threads = other_threads();
+  if (!threads || !threads->empty()) {
+    std::string names;
+    for (const std::string& n : threads.value_or(std::vector<std::string>{})) {
+      names += str_cat(names.empty() ? "" : ", ", n);
+    }
+    send_text(fd, threads
+                      ? str_cat("refused this process runs ", threads->size(), " other thread(s) (",
+                                names, ") where it would fork, and a fork copies one")
+                      : std::string("refused /proc/self/task cannot be read"));
+    ::_exit(0);
+  }
+  send_text(fd, str_cat("ready ", ::getpid()));
+  std::cerr << "standby: fork server " << ::getpid()
+            << " is ready (data loaded, model built); forking spares on request\n";
+  while (true) {
+    int id = 0, out = -1, err = -1;
+    std::string key;
+    if (!receive_fork_request(fd, id, key, out, err)) ::_exit(0);
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);  // no buffered byte is written twice
+    int pid_pipe[2];
+    if (::pipe2(pid_pipe, O_CLOEXEC) != 0) {
+      send_text(fd, str_cat("failed ", id, " pipe: ", std::strerror(errno)));
+      ::close(out);
+      ::close(err);
+      continue;
+    }
+    const pid_t intermediate = ::fork();
+    if (intermediate == 0) {
+      // A double fork: the spare's parent exits at once, so the launcher (a child subreaper)
+      // becomes the spare's parent.
+      const pid_t spare = ::fork();
+      if (spare == 0) {
+        ::close(pid_pipe[0]);
+        ::close(pid_pipe[1]);
+        ::close(fd);
+        become_spare(launcher, ::getppid(), id, key, out, err);
+        return;
+      }
+      [[maybe_unused]] const ssize_t w = ::write(pid_pipe[1], &spare, sizeof spare);
+      ::_exit(spare < 0 ? 1 : 0);
+    }
+    const int fork_errno = errno;
+    ::close(pid_pipe[1]);
+    ::close(out);
+    ::close(err);
+    pid_t spare = -1;
+    if (intermediate > 0) {
+      ssize_t n;
+      do {
+        n = ::read(pid_pipe[0], &spare, sizeof spare);
+      } while (n < 0 && errno == EINTR);
+      if (n != sizeof spare) spare = -1;
+      ::waitpid(intermediate, nullptr, 0);  // the spare is re-parented once this returns
+    }
+    ::close(pid_pipe[0]);
+    if (spare > 0) {
+      send_text(fd, str_cat("spare ", id, " ", spare));
+    } else {
+      send_text(fd, str_cat("failed ", id,
+                            " fork: ", std::strerror(intermediate < 0 ? fork_errno : EAGAIN)));
+    }
+  }
+}
+
 }  // namespace
 
 bool is_standby() {
@@ -38,6 +214,9 @@ bool is_standby() {
 
 std::optional<StandbyAssignment> await_standby_assignment() {
   if (!is_standby()) return std::nullopt;
+  if (const char* fork_fd = std::getenv(kEnvSpareForkFd); fork_fd != nullptr && *fork_fd != '\0') {
+    serve_spare_forks(fork_fd);  // returns in each forked spare, as that spare
+  }
   const std::string id_text = required(kEnvSpare);
   int id = -1;
   try {

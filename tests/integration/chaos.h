@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -75,6 +76,19 @@ inline std::map<pid_t, bool> standby_spares(const std::vector<nlohmann::json>& a
     if (kind == "spare_started") out[pid] = false;
     if (kind == "spare_ready" && out.count(pid)) out[pid] = true;
     if (kind == "spare_takeover" || kind == "spare_lost") out.erase(pid);
+  }
+  return out;
+}
+
+// A launcher's spares' fork server (dtrain launch --spare-start fork) while it lives, from its
+// events: a child of the launcher that is no worker.
+inline std::set<pid_t> spare_fork_servers(const std::vector<nlohmann::json>& all) {
+  std::set<pid_t> out;
+  for (const auto& e : all) {
+    if (e.value("kind", "") != "spare_fork_server") continue;
+    const std::string state = e.value("state", "");
+    if (state == "started") out.insert(e.value("pid", -1));
+    if (state == "lost" || state == "refused") out.erase(e.value("pid", -1));
   }
   return out;
 }

@@ -155,10 +155,12 @@ class LaunchSpares : public ::testing::Test {
 
   // The launcher's children that are workers (not standby spares).
   std::vector<pid_t> workers(const Process& p) const {
-    const std::map<pid_t, bool> spares = standby();
+    const auto all = all_events();
+    const std::map<pid_t, bool> spares = standby_spares(all);
+    const std::set<pid_t> servers = spare_fork_servers(all);
     std::vector<pid_t> out;
     for (pid_t c : children(p.pid)) {
-      if (!spares.count(c)) out.push_back(c);
+      if (!spares.count(c) && !servers.count(c)) out.push_back(c);
     }
     return out;
   }
@@ -479,6 +481,79 @@ TEST_F(LaunchSpares, WithoutTheBroadcastSparesRestoreFromTheLaunchersMemory) {
       << log_tail(read_file(dir_ + "/job.log"));
 }
 
+// The launcher's pid as the parent of `pid` (field 4 of /proc/<pid>/stat), or -1.
+pid_t parent_of(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  char state = 0;
+  int ppid = -1;
+  if (std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2) return -1;
+  return ppid;
+}
+
+// --spare-start fork (the default): one fork server loads and builds once, each spare is a fork
+// of it, adopted by the launcher (its parent), and takes over as any spare. When the server is
+// killed, the next spare is started with exec, and the job still ends bitwise.
+TEST_F(LaunchSpares, SparesAreForkedFromOneServerAndExecWhenItIsLost) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, 1);
+  ASSERT_TRUE(wait_for_state(p, 2, 2, 1)) << log_tail(read_file(dir_ + "/job.log"));
+  auto all = all_events();
+  const std::set<pid_t> servers = spare_fork_servers(all);
+  ASSERT_EQ(servers.size(), 1u) << log_tail(read_file(dir_ + "/job.log"));
+  const pid_t server = *servers.begin();
+  const auto started = of_kind(all, "spare_started");
+  ASSERT_EQ(started.size(), 1u);
+  EXPECT_EQ(started[0].value("from", ""), "fork-server") << started[0].dump();
+  const pid_t forked = started[0].value("pid", -1);
+  EXPECT_EQ(parent_of(forked), p.pid) << "the forked spare is not the launcher's child";
+  EXPECT_EQ(parent_of(server), p.pid);
+
+  ASSERT_EQ(kill(server, SIGKILL), 0);
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline && !spare_fork_servers(all_events()).empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(spare_fork_servers(all_events()).empty()) << "the server's loss was not noticed";
+  // The forked spare takes over; its replacement, and the next one's, are started with exec.
+  std::mt19937 rng(808);
+  const int kills = kill_rounds(p, 2, 1, 2, 1, rng, 50, 250);
+  ASSERT_EQ(kills, 2) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  EXPECT_EQ(taken_, kills) << log_tail(read_file(dir_ + "/job.log"));
+  all = all_events();
+  const auto takeovers = of_kind(all, "spare_takeover");
+  ASSERT_EQ(takeovers.size(), 2u);
+  EXPECT_EQ(takeovers[0].value("pid", -1), forked) << takeovers[0].dump();
+  const auto later = of_kind(all, "spare_started");
+  ASSERT_GE(later.size(), 3u);
+  for (size_t i = 1; i < later.size(); ++i) {
+    EXPECT_FALSE(later[i].contains("from")) << later[i].dump();
+  }
+  bool lost = false;
+  for (const auto& e : of_kind(all, "spare_fork_server")) lost |= e.value("state", "") == "lost";
+  EXPECT_TRUE(lost);
+  EXPECT_TRUE(of_kind(all, "spare_lost").empty()) << "the server's loss is no spare's";
+}
+
+// --spare-start exec: each spare is a process of its own, as before the fork server.
+TEST_F(LaunchSpares, ExecStartedSpares) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  launcher_flags_ = {"--spare-start", "exec"};
+  Process p = start(2, 1);
+  std::mt19937 rng(99);
+  const int kills = kill_rounds(p, 2, 1, 2, 1, rng, 50, 250);
+  ASSERT_EQ(kills, 2) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  check_taken_over(kills, 2);
+  const auto all = all_events();
+  EXPECT_TRUE(of_kind(all, "spare_fork_server").empty());
+  for (const auto& e : of_kind(all, "spare_started")) EXPECT_FALSE(e.contains("from")) << e.dump();
+}
+
 // --spares is checked before anything starts, naming the flag.
 TEST(LaunchSparesFlags, BadValuesAreUsageErrors) {
   const std::string dir = make_temp_dir();
@@ -492,6 +567,14 @@ TEST(LaunchSparesFlags, BadValuesAreUsageErrors) {
     Process p = spawn(a, {}, dir + "/log");
     EXPECT_EQ(wait_for(p, Clock::now() + std::chrono::seconds(30)), 2) << read_file(dir + "/log");
     EXPECT_NE(read_file(dir + "/log").find("--spares"), std::string::npos)
+        << read_file(dir + "/log");
+  }
+  {
+    Process p = spawn({kDtrain, "launch", "--spares", "1", "--spare-start", "clone", "--", "true"},
+                      {}, dir + "/log");
+    EXPECT_EQ(wait_for(p, Clock::now() + std::chrono::seconds(30)), 2) << read_file(dir + "/log");
+    EXPECT_NE(read_file(dir + "/log").find("--spare-start 'clone' must be fork or exec"),
+              std::string::npos)
         << read_file(dir + "/log");
   }
   std::system(("rm -rf " + dir).c_str());

@@ -381,10 +381,12 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
   pid_t trained_worker(Process& p, int node, int count, int runs = 1, int spares = 0) {
     const auto deadline = Clock::now() + std::chrono::seconds(90);
     while (Clock::now() < deadline && p.pid > 0) {
-      const std::map<pid_t, bool> standing = standby(node);
+      const auto all = events(str_cat(dir_, "/node", node, "-events.jsonl"));
+      const std::map<pid_t, bool> standing = standby_spares(all);
+      const std::set<pid_t> servers = spare_fork_servers(all);
       std::vector<pid_t> workers;
       for (pid_t c : children(p.pid)) {
-        if (!standing.count(c)) workers.push_back(c);
+        if (!standing.count(c) && !servers.count(c)) workers.push_back(c);
       }
       int ready = 0;
       for (const auto& [pid, r] : standing) ready += r ? 1 : 0;

@@ -40,6 +40,9 @@ inline constexpr const char* kEventSpareStarted = "spare_started";
 inline constexpr const char* kEventSpareReady = "spare_ready";
 inline constexpr const char* kEventSpareLost = "spare_lost";
 inline constexpr const char* kEventSpareTakeover = "spare_takeover";
+// --spare-start fork: the spares' fork server (train/standby.h) started, stands by, refused to
+// fork (it had threads) or was lost; extra "state": started, ready, refused, lost.
+inline constexpr const char* kEventSpareForkServer = "spare_fork_server";
 
 // Detectors (the "detector" field).
 inline constexpr const char* kDetectExit = "exit";              // waitpid: non-zero exit, signal

@@ -42,11 +42,14 @@ struct LaunchOptions {
   std::string snapshot_root = "";    // where the snapshots' tmpfs directory goes; empty: /dev/shm
   // --on-failure: "restart-all" stops and restarts every worker after a failure; "survivors"
   // restarts only the failed workers while the others keep their processes and roll back to the
-  // newest in-memory snapshot every rank holds (one node, snapshots, the coordination service).
+  // newest in-memory snapshot every rank holds (snapshots, the coordination service).
   std::string on_failure = "restart-all";
   // --spares K: standby workers (data loaded, model built, connected) that take over failed
-  // ranks instead of new processes (one node, snapshots, the coordination service).
+  // ranks of their node instead of new processes (snapshots, the coordination service).
   int spares = 0;
+  // --spare-start: "fork" forks each spare from one fork server that loaded the data and built
+  // the model once (train/standby.h); "exec" starts each spare as a new process.
+  std::string spare_start = "fork";
   std::vector<std::string> command;  // the worker's command line (run through PATH)
 };
 

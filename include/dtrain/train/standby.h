@@ -14,6 +14,19 @@
 // program goes on as that worker: it makes its strategy (joining the new generation's collectives),
 // and fit() restores the agreed snapshot from the launcher's tmpfs, as a restarted worker does.
 // Outside a spare, a no-op.
+//
+// Fork server (`dtrain launch --spare-start fork`, the default): the launcher starts one more copy
+// of the command, with DTRAIN_SPARE=fork-server and DTRAIN_SPARE_FORK_FD (one end of a
+// SOCK_SEQPACKET socket to the launcher). It loads its data and builds its model like a spare, and
+// in await_standby_assignment() it becomes the job's spare factory: for each request from the
+// launcher ("fork <id> <key>", with the new spare's stdout and stderr as SCM_RIGHTS) it forks a
+// copy of itself that is spare <id> (it shares the data and the built model copy-on-write and
+// returns from await_standby_assignment() as a spare would) and answers "spare <id> <pid>". The
+// copy is re-parented to the launcher (a child subreaper) by a double fork, so the launcher
+// waits for it, signals its process group and takes it over as any spare. The server forks
+// only while it is single-threaded (a fork copies one thread) and otherwise refuses ("refused
+// <why>") and exits: the launcher then starts each spare with exec as before. It exits when the
+// launcher closes the socket.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +37,9 @@ namespace dtrain::train {
 inline constexpr const char* kEnvSpare = "DTRAIN_SPARE";
 inline constexpr const char* kEnvSpareService = "DTRAIN_SPARE_SERVICE";
 inline constexpr const char* kEnvSpareKey = "DTRAIN_SPARE_KEY";
+inline constexpr const char* kEnvSpareForkFd = "DTRAIN_SPARE_FORK_FD";
+// DTRAIN_SPARE's value for the fork server.
+inline constexpr const char* kSpareForkServer = "fork-server";
 
 // Whether this process was started as a hot spare (DTRAIN_SPARE is set) and not assigned yet.
 bool is_standby();

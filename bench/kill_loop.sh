@@ -23,7 +23,8 @@
 # (bench/torch_elastic.py lm).
 # The second uninterrupted row takes snapshots every S steps: its wall time against the first is
 # the snapshots' overhead (one round: compare only when the difference is above the noise).
-# Usage: bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10] [max_kills=0: no cap]
+# Usage: [MODES=disk,...] bench/kill_loop.sh [epochs=5] [period_s=1.5] [snapshot_every=10]
+# [max_kills=0: no cap]
 # (after scripts/build.sh). On a loaded machine, where a restart of every worker can take longer
 # than the period (the job then never gets past it), cap the kills to compare the cost per failure.
 set -euo pipefail
@@ -94,11 +95,30 @@ run() {
 
 read -r t0 _ a0 _ _ c0 < <(run clean 0 0)
 read -r t0s _ _ _ _ c0s < <(run clean_snapshots "$every" 0)
-read -r td kd ad ld rd cd < <(run disk 0 1)
-read -r tm km am lm rm cm < <(run memory "$every" 1)
-read -r ts ks as ls rs cs < <(run survivors "$every" 1 survivors)
-read -r tp kp ap lp rp cp < <(run spares "$every" 1 survivors 1)
-read -r te ke ae le re ce < <(run spares_exec "$every" 1 survivors 1 exec)
+# MODES (comma-separated: disk,memory,survivors,spares,spares_exec; default all) picks the
+# modes to run; the uninterrupted rows always run.
+want() { [[ -z "${MODES:-}" || ",$MODES," == *",$1,"* ]]; }
+rows=()
+if want disk; then
+  read -r t k a l r c < <(run disk 0 1)
+  rows+=("disk (today, backups every 50)|$t|$k|$l|$r|$a|$c|$c0")
+fi
+if want memory; then
+  read -r t k a l r c < <(run memory "$every" 1)
+  rows+=("memory (snapshots every $every)|$t|$k|$l|$r|$a|$c|$c0s")
+fi
+if want survivors; then
+  read -r t k a l r c < <(run survivors "$every" 1 survivors)
+  rows+=("survivors (snapshots every $every)|$t|$k|$l|$r|$a|$c|$c0s")
+fi
+if want spares; then
+  read -r t k a l r c < <(run spares "$every" 1 survivors 1)
+  rows+=("spares (survivors + --spares 1)|$t|$k|$l|$r|$a|$c|$c0s")
+fi
+if want spares_exec; then
+  read -r t k a l r c < <(run spares_exec "$every" 1 survivors 1 exec)
+  rows+=("spares, --spare-start exec|$t|$k|$l|$r|$a|$c|$c0s")
+fi
 torch_rows=()
 if [[ -z "${NO_TORCH:-}" && -x /usr/bin/torchrun ]]; then
   mapfile -t torch_rows < <(RAW=1 JOB=$job bench/torchrun_kill_loop.sh "$epochs" "$period" 50 "$max_kills")
@@ -113,11 +133,7 @@ printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s\n' "uninterrupted" "$t0" 
   "$a0" "$c0" -
 printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s\n' "uninterrupted, snapshots every $every" \
   "$t0s" 0 "$(echo "100 * $t0 / $t0s" | bc -l | xargs printf '%.1f%%')" - - - - "$c0s" -
-for row in "disk (today, backups every 50)|$td|$kd|$ld|$rd|$ad|$cd|$c0" \
-  "memory (snapshots every $every)|$tm|$km|$lm|$rm|$am|$cm|$c0s" \
-  "survivors (snapshots every $every)|$ts|$ks|$ls|$rs|$as|$cs|$c0s" \
-  "spares (survivors + --spares 1)|$tp|$kp|$lp|$rp|$ap|$cp|$c0s" \
-  "spares, --spare-start exec|$te|$ke|$le|$re|$ae|$ce|$c0s"; do
+for row in "${rows[@]}"; do
   IFS='|' read -r name t k l r a c base <<< "$row"
   printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s %8s %13.3f\n' "$name" "$t" "$k" \
     "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" \
@@ -137,9 +153,9 @@ phases() {
   n=$({ grep -c '"source":"survivor"' "$events" 2> /dev/null || true; })
   echo "$1 phases after detection, s, over ${n:-0} newcomers:${line:- none}"
 }
-phases survivors
-phases spares
-phases spares_exec
+for m in survivors spares spares_exec; do
+  if want "$m"; then phases "$m"; fi
+done
 if ((${#torch_rows[@]} == 2)); then
   read -r tt0 _ ta0 _ _ <<< "${torch_rows[0]}"
   read -r tt tk ta tl _ <<< "${torch_rows[1]}"

@@ -1,7 +1,8 @@
 // MultiWorkerMirroredStrategy with the gradient all-reduce overlapped with backward
 // (MultiWorkerOptions::overlap_gradients), real processes and Gloo on loopback: the final
 // variables (model and optimizer) are bitwise those of the all-reduce after backward, for 1, 2
-// and 3 workers, the MLP and the CNN, tiny buckets (one per variable) and larger ones; a worker
+// and 3 workers, the MLP, the CNN and the LM (a one-block GPT), tiny buckets (one per variable)
+// and larger ones; a worker
 // killed during training makes its peer fail with UNAVAILABLE instead of hanging.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -80,7 +81,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // 384 = 2 x 191 + 2: in each epoch's last step the third worker has no
                       // rows (its buckets are reduced as zeros when backward never ran).
                       Case{3, "mlp", {"--batch-size", "191", "--epochs", "3"}}, Case{3, "mlp", {}},
-                      Case{2, "cnn", {"--epochs", "1"}}, Case{3, "cnn", {"--epochs", "1"}}),
+                      Case{2, "cnn", {"--epochs", "1"}}, Case{3, "cnn", {"--epochs", "1"}},
+                      Case{2, "lm", {"--epochs", "1"}}, Case{3, "lm", {"--epochs", "1"}}),
     [](const auto& info) {
       return info.param.arch + std::to_string(info.param.workers) + "workers" +
              (info.param.flags.size() > 2 ? "Batch191" : "");

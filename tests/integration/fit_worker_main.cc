@@ -4,7 +4,7 @@
 //   fit_worker --mode single|mirrored|multi-worker --out FILE [--replicas N] [--epochs E]
 //              [--verify-sync N] [--checkpoint-dir D --checkpoint-every N [--async-checkpoint 1]]
 //              [--step-delay-us U] [--sync-bn 1] [--bn 1] [--resnet 1] [--batch-size B]
-//              [--overlap-bucket-bytes N] [--arch mlp|cnn] [--shard-optimizer-state S]
+//              [--overlap-bucket-bytes N] [--arch mlp|cnn|lm] [--shard-optimizer-state S]
 //              [--sharded-checkpoints 1] [--exit-at-epoch E] [--exit-at-step S]
 //              [--report-progress 1]
 //              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
@@ -12,7 +12,9 @@
 //              [--logical-replicas L] [--dropout 1] [--rows-log PREFIX]
 //              [--standby-delay-ms M]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
-// of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images.
+// of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images. --arch lm: a
+// one-block GPT (nn::GPT: vocabulary 11, context 6, d_model 8, 2 heads) on next-token windows of
+// seeded arithmetic sequences.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
 // backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
 // --report-progress 1: under dtrain launch, report steps and heartbeats to the launcher
@@ -56,6 +58,7 @@
 #include "dtrain/nn/normalization.h"
 #include "dtrain/nn/pooling.h"
 #include "dtrain/nn/reshaping.h"
+#include "dtrain/nn/transformer.h"
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/standby.h"
 #include "dtrain/train/tensorboard.h"
@@ -131,6 +134,26 @@ void make_data(Tensor& x, Tensor& y, int64_t features = kFeatures) {
   }
 }
 
+// --arch lm: x [kExamples, kLmContext] token ids, each row a sequence t, t + c, t + 2c, ... (mod
+// kLmVocab) with one token in five replaced by a random one; y the next token of each position.
+constexpr int64_t kLmVocab = 11, kLmContext = 6;
+void make_lm_data(Tensor& x, Tensor& y) {
+  Philox rng(9);
+  x = Tensor(DType::kInt64, Shape{kExamples, kLmContext});
+  y = Tensor(DType::kInt64, Shape{kExamples, kLmContext});
+  for (int64_t i = 0; i < kExamples; ++i) {
+    const int64_t c = 1 + static_cast<int64_t>(rng.uniform_int(3));
+    int64_t t = static_cast<int64_t>(rng.uniform_int(kLmVocab));
+    for (int64_t j = 0; j <= kLmContext; ++j) {
+      const int64_t token =
+          rng.uniform_int(5) == 0 ? static_cast<int64_t>(rng.uniform_int(kLmVocab)) : t;
+      if (j < kLmContext) x.data<int64_t>()[i * kLmContext + j] = token;
+      if (j > 0) y.data<int64_t>()[i * kLmContext + j - 1] = token;
+      t = (t + c) % kLmVocab;
+    }
+  }
+}
+
 struct Backup {
   std::string dir;            // empty: no backups
   int64_t every = 0;          // steps between backups (0: each epoch)
@@ -147,6 +170,7 @@ struct Backup {
   int64_t batch_size = 32;          // --batch-size: the global batch
   size_t overlap_bucket_bytes = 0;  // 0: the all-reduce after backward
   bool cnn = false;
+  bool lm = false;                           // --arch lm
   int shard = 0;                             // --shard-optimizer-state: ZeRO stage
   double clipnorm = 0, global_clipnorm = 0;  // Adam's clipping by norm (0: none)
   bool sharded = false;                      // --sharded-checkpoints 1
@@ -192,14 +216,24 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   // make them equal.
   set_random_seed(strategy ? 11 + strategy->worker_rank() : 11);
   Tensor x, y;
-  make_data(x, y, backup.cnn ? 36 : kFeatures);
+  if (backup.lm) {
+    make_lm_data(x, y);
+  } else {
+    make_data(x, y, backup.cnn ? 36 : kFeatures);
+  }
   if (backup.cnn) x = x.reshape(Shape{kExamples, 6, 6, 1});
   // Rows this process's replicas computed on, counted where they are computed (replica threads
   // call the layer concurrently): proves the global batches are split.
   auto counter = std::make_shared<RowCounter>();
   auto recorder = std::make_shared<RowRecorder>();
   std::unique_ptr<nn::Model> owned;
-  if (backup.resnet) {
+  if (backup.lm) {
+    owned = std::make_unique<nn::GPT>(nn::GPTConfig{.vocab_size = kLmVocab,
+                                                    .context = kLmContext,
+                                                    .num_layers = 1,
+                                                    .d_model = 8,
+                                                    .num_heads = 2});
+  } else if (backup.resnet) {
     x = x.reshape(Shape{kExamples, 2, 2, 2});
     auto conv_bn = [](const nn::KerasTensor& t) {
       nn::KerasTensor h =
@@ -384,7 +418,7 @@ int main(int argc, char** argv) {
     else if (k == "--shard-optimizer-state")
       backup.shard = std::atoi(v.c_str());
     else if (k == "--arch")
-      backup.cnn = v == "cnn";
+      backup.cnn = v == "cnn", backup.lm = v == "lm";
     else if (k == "--clipnorm")
       backup.clipnorm = std::atof(v.c_str());
     else if (k == "--global-clipnorm")

@@ -1,6 +1,7 @@
 // MultiWorkerMirroredStrategy with sharded optimizer state (ZeRO stages 1 and 2), real processes
 // and Gloo on loopback: the final model and optimizer variables are bitwise those of the
-// replicated run for 1, 2 and 3 workers, the MLP and the CNN, with and without clipping by norm
+// replicated run for 1, 2 and 3 workers, the MLP, the CNN and the LM (a one-block GPT), with and
+// without clipping by norm
 // (the norms of sharded gradients); each worker's optimizer slots
 // (and, with stage 2, summed gradients) are its partition_rows share, about 1/N; fit's backups
 // of sharded state resume bitwise.
@@ -122,7 +123,9 @@ TEST_P(FitZero, VariablesAreBitwiseThoseOfTheReplicatedRunAndSlotsAreAShare) {
 }
 
 // MLP: Dense(8 -> 16) and Dense(16 -> 3): 195 floats, rows of up to 16. CNN: Conv2D(3x3x1 -> 4),
-// Dense(16 -> 16) (after 2x2x4 pooled features), Dense(16 -> 3): 40 + 272 + 51 floats.
+// Dense(16 -> 16) (after 2x2x4 pooled features), Dense(16 -> 3): 40 + 272 + 51 floats. LM: the
+// embeddings 11x8 + 6x8, one block (2 x layer norm 16, attention 4 x 72, ffn 8x32+32 and
+// 32x8+8), the final norm 16 and the head 8x11+11.
 INSTANTIATE_TEST_SUITE_P(
     WorkersAndModels, FitZero,
     ::testing::Values(Case{1, "mlp", {"--epochs", "1"}, 195, 16}, Case{2, "mlp", {}, 195, 16},
@@ -134,7 +137,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // Small enough bounds that every step clips.
                       Case{2, "mlp", {"--global-clipnorm", "0.05"}, 195, 16},
                       Case{3, "mlp", {"--global-clipnorm", "0.05"}, 195, 16},
-                      Case{3, "cnn", {"--epochs", "1", "--clipnorm", "0.02"}, 363, 16}),
+                      Case{3, "cnn", {"--epochs", "1", "--clipnorm", "0.02"}, 363, 16},
+                      // The one-block GPT: 1123 floats, rows of up to 32 (ffn_up's kernel).
+                      Case{2, "lm", {"--epochs", "1"}, 1123, 32},
+                      Case{3, "lm", {"--epochs", "1", "--global-clipnorm", "0.05"}, 1123, 32}),
     [](const auto& info) {
       std::string suffix;
       for (size_t i = 0; i + 1 < info.param.flags.size(); i += 2) {

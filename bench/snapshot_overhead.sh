@@ -6,7 +6,9 @@
 # With DTRAIN_A=<another dtrain binary> (e.g. a build of main) each round also runs that binary
 # both ways, so two builds' snapshot overheads are compared on the same machine state.
 # Per run: wall seconds and CPU seconds (user + system of the launcher and its workers, from
-# /usr/bin/time), and the load average at its start. Prints every run, then per binary the
+# /usr/bin/time), the load average at its start, and (in_thread%) the share of its training time
+# that a worker spent taking snapshots on its training thread, as fit reports it (the largest
+# worker's). Prints every run, then per binary the
 # median overhead of snapshots in wall and CPU time (against the same binary without snapshots).
 # Usage: bench/snapshot_overhead.sh [epochs=5] [snapshot_every=10] [rounds=3] (after
 # scripts/build.sh).
@@ -30,7 +32,9 @@ if [[ -n "${DTRAIN_A:-}" ]]; then
   path[A]="$DTRAIN_A"
 fi
 
-# run BINARY SNAPSHOT_EVERY: prints "wall cpu load"
+# run BINARY SNAPSHOT_EVERY: prints "wall cpu load in_thread" (in_thread: the largest share of
+# its training time a worker spent taking snapshots, as it reports at the end of fit; "-" when
+# none were taken)
 run() {
   local dir="$tmp/run" load
   rm -rf "$dir"
@@ -41,17 +45,21 @@ run() {
     "${path[$1]}" fit --strategy multi-worker --epochs "$epochs" "${job_args[@]}" --seed 0 \
     --verbose 0 --checkpoint-dir "$dir/ckpt" --checkpoint-every 50 > "$dir/log" 2>&1 ||
     { echo "run $1 --snapshot-every $2 failed:" >&2; tail -20 "$dir/log" >&2; exit 1; }
-  awk -v load="$load" '{ printf "%.2f %.2f %s\n", $1, $2 + $3, load }' "$dir/time"
+  local in_thread
+  in_thread=$({ grep -oE 'on the training thread: [0-9.]+%' "$dir/log" || true; } |
+    { grep -oE '[0-9.]+' || true; } | sort -g | tail -1)
+  awk -v load="$load" -v t="${in_thread:--}" '{ printf "%.2f %.2f %s %s\n", $1, $2 + $3, load, t }' \
+    "$dir/time"
 }
 
 echo "job: $job, $epochs epochs, snapshots every $every steps, $rounds rounds; $(getconf _NPROCESSORS_ONLN) CPUs"
-printf '%-6s %-6s %9s %8s %8s %6s\n' round binary snapshots wall_s cpu_s load
+printf '%-6s %-6s %9s %8s %8s %6s %10s\n' round binary snapshots wall_s cpu_s load in_thread%
 results="$tmp/results"
 for ((r = 1; r <= rounds; r++)); do
   for bin in "${binaries[@]}"; do
     for s in 0 "$every"; do
-      read -r wall cpu load < <(run "$bin" "$s")
-      printf '%-6s %-6s %9s %8s %8s %6s\n' "$r" "$bin" "$s" "$wall" "$cpu" "$load"
+      read -r wall cpu load in_thread < <(run "$bin" "$s")
+      printf '%-6s %-6s %9s %8s %8s %6s %10s\n' "$r" "$bin" "$s" "$wall" "$cpu" "$load" "$in_thread"
       echo "$r $bin $s $wall $cpu" >> "$results"
     done
   done

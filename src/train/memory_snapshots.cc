@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -349,9 +350,19 @@ void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
     report_snapshot_source(*std::exchange(report_, std::nullopt));
   }
   if (!slots_) return;
+  const double now = monotonic_seconds();
+  if (first_step_at_ == 0) first_step_at_ = now;
   const int64_t step = ts.optimizer->iterations();
   if (step == last_ || step % every_ != 0) return;
   last_ = step;
+  struct Timed {  // the whole snapshot, on the training thread, for end()'s report
+    MemorySnapshots& m;
+    double start = monotonic_seconds();
+    ~Timed() {
+      m.snapshot_seconds_ += monotonic_seconds() - start;
+      ++m.snapshots_taken_;
+    }
+  } timed{*this};
   ts.loop->before_checkpoint();
   backups.capture();
   try {
@@ -366,6 +377,22 @@ void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
 
 void MemorySnapshots::end() {
   if (report_) report_snapshot_source(*std::exchange(report_, std::nullopt));
+  if (snapshots_taken_ > 0) {
+    // What the snapshots cost this worker: their time on the training thread against the time
+    // since its first step (the "snapshot overhead", measured where it is paid).
+    const double since = monotonic_seconds() - first_step_at_;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "BackupAndRestore: %lld in-memory snapshots (every %lld steps) took %.3f ms each "
+                  "on the training thread: %.2f%% of the %.2f s since the first step\n",
+                  static_cast<long long>(snapshots_taken_), static_cast<long long>(every_),
+                  1e3 * snapshot_seconds_ / static_cast<double>(snapshots_taken_),
+                  since > 0 ? 100 * snapshot_seconds_ / since : 0.0, since);
+    std::cerr << line;
+    snapshots_taken_ = 0;
+    snapshot_seconds_ = 0;
+    first_step_at_ = 0;
+  }
   slots_.reset();
   ckpt_.reset();
 }

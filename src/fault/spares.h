@@ -6,7 +6,7 @@
 // restarted worker of that rank would get). take() hands a ready spare to a failed rank in
 // place of a new process; tend() forwards the standby spares' output ("[spare N] "), replaces a
 // spare that died while standing by (a spare_lost event; never a worker failure) and tops the
-// set up to K in the background. With `fork_server` (the default) the spares are not started
+// set up to K in the background. With `fork_server` (--spare-start fork) the spares are not started
 // with exec: one more copy of the command, the fork server (train/standby.h), loads the data and
 // builds the model once and forks each spare on request, which then costs milliseconds of CPU
 // instead of a process start, a data load and a model build taken from the training workers; the
@@ -39,7 +39,7 @@ struct SparesOptions {
   // spare's environment until its assignment sets them.
   std::vector<std::string> worker_variables;
   std::vector<std::string> set;  // "NAME=value" every spare gets (launcher pid, ...)
-  bool fork_server = true;       // --spare-start fork (true) or exec
+  bool fork_server = false;      // --spare-start fork (true) or exec (the default)
 };
 
 class Spares {

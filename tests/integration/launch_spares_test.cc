@@ -492,12 +492,13 @@ pid_t parent_of(pid_t pid) {
   return ppid;
 }
 
-// --spare-start fork (the default): one fork server loads and builds once, each spare is a fork
+// --spare-start fork: one fork server loads and builds once, each spare is a fork
 // of it, adopted by the launcher (its parent), and takes over as any spare. When the server is
 // killed, the next spare is started with exec, and the job still ends bitwise.
 TEST_F(LaunchSpares, SparesAreForkedFromOneServerAndExecWhenItIsLost) {
   const std::string& ref = reference(2);
   ASSERT_FALSE(ref.empty()) << "no reference result";
+  launcher_flags_ = {"--spare-start", "fork"};
   Process p = start(2, 1);
   ASSERT_TRUE(wait_for_state(p, 2, 2, 1)) << log_tail(read_file(dir_ + "/job.log"));
   auto all = all_events();
@@ -538,7 +539,7 @@ TEST_F(LaunchSpares, SparesAreForkedFromOneServerAndExecWhenItIsLost) {
   EXPECT_TRUE(of_kind(all, "spare_lost").empty()) << "the server's loss is no spare's";
 }
 
-// --spare-start exec: each spare is a process of its own, as before the fork server.
+// --spare-start exec (the default): each spare is a process of its own.
 TEST_F(LaunchSpares, ExecStartedSpares) {
   const std::string& ref = reference(2);
   ASSERT_FALSE(ref.empty()) << "no reference result";

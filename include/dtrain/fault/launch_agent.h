@@ -49,7 +49,7 @@ struct LaunchOptions {
   int spares = 0;
   // --spare-start: "fork" forks each spare from one fork server that loaded the data and built
   // the model once (train/standby.h); "exec" starts each spare as a new process.
-  std::string spare_start = "fork";
+  std::string spare_start = "exec";
   std::vector<std::string> command;  // the worker's command line (run through PATH)
 };
 

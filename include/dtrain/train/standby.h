@@ -15,7 +15,7 @@
 // and fit() restores the agreed snapshot from the launcher's tmpfs, as a restarted worker does.
 // Outside a spare, a no-op.
 //
-// Fork server (`dtrain launch --spare-start fork`, the default): the launcher starts one more copy
+// Fork server (`dtrain launch --spare-start fork`; exec is the default): the launcher starts one more copy
 // of the command, with DTRAIN_SPARE=fork-server and DTRAIN_SPARE_FORK_FD (one end of a
 // SOCK_SEQPACKET socket to the launcher). It loads its data and builds its model like a spare, and
 // in await_standby_assignment() it becomes the job's spare factory: for each request from the

@@ -109,6 +109,13 @@ void GraphView::add_values(const Trackable& t, int node, const std::string& path
           node, path, kVariableValueAttribute, var->name(), [var] { return var->tensor(); },
           [var](const Tensor& v) { var->assign(v); });
       values.back().variable = var;
+      values.back().adopt = [var](Tensor& restored) {
+        Tensor& current = var->tensor();
+        // A view or another handle of the variable's buffer must see the restored values.
+        if (current.use_count() != 1 || restored.use_count() != 1) return false;
+        current = std::move(restored);
+        return true;
+      };
       break;
     }
     case Trackable::Kind::kCounter: {

@@ -260,6 +260,8 @@ GraphView GraphView::build(const Trackable* root,
         view.add_values(Trackable(*slot), id, slot_path);
         view.values.back().slot_of = var;
         view.values.back().slot = slot_names[s];
+        // The optimizer keeps pointers to its slots' data (Optimizer::SlotSet): copied into.
+        view.values.back().adopt = nullptr;
         view.graph.nodes[static_cast<size_t>(o)].slot_variables.push_back({v, slot_names[s], id});
       }
     }

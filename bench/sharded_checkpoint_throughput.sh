@@ -5,15 +5,18 @@
 # against the chief writing the whole checkpoint alone; every worker restoring the whole state
 # from each; and `dd if=/dev/zero bs=1M conv=fsync` of the same bytes into the same directory
 # (write) and back (read, after dropping the file from the page cache where allowed). Each side
-# alternates once per round; medians over rounds.
+# alternates once per round; medians over rounds. The first restore of a process reads into fresh
+# memory and the second into the buffers the first freed (the tensor cache), so which restore goes
+# first alternates too (odd rounds the sharded one, even rounds the chief's): use an even number of
+# rounds. The rounds line says which went first.
 # Usage: bench/sharded_checkpoint_throughput.sh [dir=/tmp/dtrain_sharded_bench] [mib=1024]
-#        [workers=2] [rounds=3]        (needs scripts/build.sh)
+#        [workers=2] [rounds=4]        (needs scripts/build.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-/tmp/dtrain_sharded_bench}"
 mib="${2:-1024}"
 world="${3:-2}"
-rounds="${4:-3}"
+rounds="${4:-4}"
 bin="${BUILD_DIR:-build}/bench/bench_sharded_checkpoint_throughput"
 [[ -x "$bin" ]] || { echo "missing $bin: run scripts/build.sh first" >&2; exit 1; }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -33,13 +36,17 @@ add() { all[$1]="${all[$1]:-} $2"; }
 keys="save_sharded save_chief_alone restore_sharded_every_worker restore_chief_every_worker"
 for r in $(seq "$rounds"); do
   rdzv="file://$tmp/store.$r"
+  first=sharded
+  (( r % 2 == 0 )) && first=chief
+  firsts="${firsts:-}${firsts:+ }$first"
   pids=()
   for ((k = 1; k < world; k++)); do
     "$bin" --rank $k --world-size "$world" --rdzv "$rdzv" --dir "$dir" --mib "$mib" \
-      > "$tmp/rank$k.$r" 2>&1 &
+      --restore-first "$first" > "$tmp/rank$k.$r" 2>&1 &
     pids+=($!)
   done
-  "$bin" --rank 0 --world-size "$world" --rdzv "$rdzv" --dir "$dir" --mib "$mib" > "$tmp/d.$r"
+  "$bin" --rank 0 --world-size "$world" --rdzv "$rdzv" --dir "$dir" --mib "$mib" \
+    --restore-first "$first" > "$tmp/d.$r"
   wait "${pids[@]}"
   for k in $keys; do add "$k" "$(get "${k}_seconds" "$tmp/d.$r")"; done
   sync
@@ -65,4 +72,4 @@ for k in $keys dd_write dd_read; do
   m=$(median ${all[$k]})
   printf '%-52s %10.3f %10.3f\n' "$k" "$m" "$(echo "$gib / $m" | bc -l)"
 done
-echo "rounds:"; for k in $keys dd_write dd_read; do echo "  $k${all[$k]}"; done
+echo "rounds (restored first: $firsts):"; for k in $keys dd_write dd_read; do echo "  $k${all[$k]}"; done

@@ -109,6 +109,13 @@ void GraphView::add_values(const Trackable& t, int node, const std::string& path
           node, path, kVariableValueAttribute, var->name(), [var] { return var->tensor(); },
           [var](const Tensor& v) { var->assign(v); });
       values.back().variable = var;
+      values.back().adopt = [var](Tensor& restored) {
+        Tensor& current = var->tensor();
+        // A view or another handle of the variable's buffer must see the restored values.
+        if (current.use_count() != 1 || restored.use_count() != 1) return false;
+        current = std::move(restored);
+        return true;
+      };
       break;
     }
     case Trackable::Kind::kCounter: {
@@ -253,6 +260,8 @@ GraphView GraphView::build(const Trackable* root,
         view.add_values(Trackable(*slot), id, slot_path);
         view.values.back().slot_of = var;
         view.values.back().slot = slot_names[s];
+        // The optimizer keeps pointers to its slots' data (Optimizer::SlotSet): copied into.
+        view.values.back().adopt = nullptr;
         view.graph.nodes[static_cast<size_t>(o)].slot_variables.push_back({v, slot_names[s], id});
       }
     }

@@ -28,6 +28,9 @@ struct SavedValue {
   std::string full_name;  // TF1-style name, for name-based restore
   std::function<Tensor()> get;
   std::function<void(const Tensor&)> set;
+  // A variable's value (null otherwise): takes a restored tensor's buffer instead of copying it,
+  // when no other handle or view shares either buffer; false when it did not (then call set).
+  std::function<bool(Tensor&)> adopt;
   bool optional = false;               // save_counter: its absence is not "missing"
   const Variable* variable = nullptr;  // the variable saved (a Variable trackable or a slot)
   const Variable* slot_of = nullptr;   // a slot: the variable it belongs to

@@ -134,8 +134,10 @@ CheckpointLoadStatus Checkpoint::restore(const std::string& save_path) {
     throw recycled();
   }
   for (size_t i = 0; i < matched.size(); ++i) {
-    matched[i].value->set(values[i]);
-    if (matched[i].value->optional) save_counter_tracked_ = true;
+    // A variable takes the buffer its value was read into (no copy) unless a view shares it.
+    const detail::SavedValue& v = *matched[i].value;
+    if (!v.adopt || !v.adopt(values[i])) v.set(values[i]);
+    if (v.optional) save_counter_tracked_ = true;
   }
   state->restored = matched.size();
   std::sort(state->unused.begin(), state->unused.end());

@@ -350,6 +350,34 @@ TEST_F(CheckpointTest, MismatchedShapeFailsAndChangesNothing) {
   EXPECT_EQ(other.save_counter(), 0);
 }
 
+// A variable nobody else holds takes the buffer its value was read into: restore copies nothing
+// (it used to read every value into a new buffer and then copy it into the variable's).
+TEST_F(CheckpointTest, RestoreHandsTheReadBufferToAnUnsharedVariable) {
+  Variable v("v", Tensor::from_vector<float>({1, 2, 3, 4}, Shape{2, 2}));
+  Checkpoint ckpt({{"v", v}});
+  const std::string saved = ckpt.save(path("ckpt"));
+  v.tensor().fill(0);
+  const void* before = v.tensor().raw_data();
+  ckpt.restore(saved).assert_consumed();
+  EXPECT_EQ(v.tensor().to_vector<float>(), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_NE(v.tensor().raw_data(), before);  // the read buffer, not a copy into the old one
+  EXPECT_EQ(v.tensor().use_count(), 1);
+}
+
+// A variable whose buffer a view shares (a ZeRO shard, a layer's handle) keeps its buffer, and
+// the view sees the restored values.
+TEST_F(CheckpointTest, RestoreCopiesIntoAVariableWhoseBufferIsShared) {
+  Variable v("v", Tensor::from_vector<float>({1, 2, 3, 4}, Shape{2, 2}));
+  Checkpoint ckpt({{"v", v}});
+  const std::string saved = ckpt.save(path("ckpt"));
+  v.tensor().fill(0);
+  const Tensor second_row = v.tensor().slice(1, 2);
+  const void* before = v.tensor().raw_data();
+  ckpt.restore(saved).assert_consumed();
+  EXPECT_EQ(v.tensor().raw_data(), before);
+  EXPECT_EQ(second_row.to_vector<float>(), (std::vector<float>{3, 4}));
+}
+
 TEST_F(CheckpointTest, CorruptLatestFallsBackToTheNewestValidCheckpointAndWarns) {
   Variable v("v", Tensor::from_vector<float>({1, 1, 1}, Shape{3}));
   Checkpoint ckpt({{"v", v}});

@@ -214,7 +214,9 @@ class Checkpoint {
   // latest_checkpoint()) holds for this checkpoint's objects, including save_counter. A
   // checkpoint without an object graph (TF1 style) is matched by variable names instead of
   // object paths. All matched tensors are read and CRC-verified before any object is changed,
-  // so a failed restore leaves every object as it was. Waits for pending async writes first.
+  // so a failed restore leaves every object as it was. A variable whose buffer no view or other
+  // Tensor handle shares then takes the buffer its value was read into (no copy; its tensor()
+  // is a new buffer); one that is shared is copied into. Waits for pending async writes first.
   // Throws NotFoundError (no `<save_path>.index`), DataLossError naming the file and the tensor
   // (corrupt, torn or truncated checkpoint), InvalidArgumentError (a value whose dtype or
   // shape differs from the object's, naming both), FailedPreconditionError (the checkpoint has

@@ -35,8 +35,9 @@ FaultEvent spare_event(const char* kind, int64_t generation, int id, pid_t pid) 
   return e;
 }
 
-// The spare's prefix on the launcher's output.
+// The spares' and their fork server's prefixes on the launcher's output.
 std::string spare_prefix(int id) { return str_cat("[spare ", id, "] "); }
+const std::string kServerPrefix = "[spare fork server] ";
 
 FaultEvent fork_server_event(const char* state, int64_t generation, pid_t pid) {
   FaultEvent e;
@@ -84,7 +85,6 @@ void Spares::tend(int64_t generation) {
       streams.emplace_back(st, &s.prefix);
     }
   }
-  static const std::string kServerPrefix = "[spare fork server] ";
   if (server_) {
     for (Stream* st : {&server_->process.out, &server_->process.err}) {
       if (st->fd < 0) continue;
@@ -253,7 +253,7 @@ void Spares::stop_fork_server(int64_t generation, const std::string& why, const 
     ::kill(-f.process.pid, SIGKILL);
     ::waitpid(f.process.pid, nullptr, 0);
   }
-  for (Stream* st : {&f.process.out, &f.process.err}) close_stream(*st, "[spare fork server] ");
+  for (Stream* st : {&f.process.out, &f.process.err}) close_stream(*st, kServerPrefix);
   if (f.pending) {
     for (Stream* st : {&f.pending->process.out, &f.pending->process.err}) ::close(st->fd);
   }

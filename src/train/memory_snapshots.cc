@@ -350,8 +350,7 @@ void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
     report_snapshot_source(*std::exchange(report_, std::nullopt));
   }
   if (!slots_) return;
-  const double now = monotonic_seconds();
-  if (first_step_at_ == 0) first_step_at_ = now;
+  if (first_step_at_ == 0) first_step_at_ = monotonic_seconds();
   const int64_t step = ts.optimizer->iterations();
   if (step == last_ || step % every_ != 0) return;
   last_ = step;

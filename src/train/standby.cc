@@ -40,6 +40,18 @@ std::string required(const char* name) {
   return v;
 }
 
+// `text`, the value of variable `name`, as an integer >= 0; InvalidArgumentError saying it is
+// not `what` otherwise.
+int non_negative_int(const char* name, const std::string& text, const char* what) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(text, &used);
+    if (used == text.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw InvalidArgumentError(str_cat("standby: ", name, "='", text, "' is not ", what));
+}
+
 // The threads of this process other than the calling one, by name (/proc/self/task/*/comm);
 // nullopt when /proc cannot be read.
 std::optional<std::vector<std::string>> other_threads() {
@@ -121,15 +133,7 @@ void become_spare(pid_t launcher, pid_t intermediate, int id, const std::string&
 
 // The fork server's loop (standby.h): returns only in a forked spare.
 void serve_spare_forks(const std::string& fd_text) {
-  int fd = -1;
-  try {
-    size_t used = 0;
-    fd = std::stoi(fd_text, &used);
-    if (used != fd_text.size() || fd < 0) throw std::invalid_argument("");
-  } catch (const std::exception&) {
-    throw InvalidArgumentError(
-        str_cat("standby: ", kEnvSpareForkFd, "='", fd_text, "' is not a file descriptor"));
-  }
+  const int fd = non_negative_int(kEnvSpareForkFd, fd_text, "a file descriptor");
   const pid_t launcher = ::getppid();
   // A first fork runs the libraries' fork handlers: OpenBLAS's stops its thread pool (restarted
   // by the next BLAS call, which this process never makes). Threads nobody stops remain.
@@ -218,15 +222,7 @@ std::optional<StandbyAssignment> await_standby_assignment() {
     serve_spare_forks(fork_fd);  // returns in each forked spare, as that spare
   }
   const std::string id_text = required(kEnvSpare);
-  int id = -1;
-  try {
-    size_t used = 0;
-    id = std::stoi(id_text, &used);
-    if (used != id_text.size() || id < 0) throw std::invalid_argument("");
-  } catch (const std::exception&) {
-    throw InvalidArgumentError(
-        str_cat("standby: ", kEnvSpare, "='", id_text, "' is not a spare id (an integer >= 0)"));
-  }
+  const int id = non_negative_int(kEnvSpare, id_text, "a spare id (an integer >= 0)");
   const std::string service = required(kEnvSpareService);
   const std::string key = required(kEnvSpareKey);
   StandbyAssignment a{.spare = id};

@@ -32,8 +32,18 @@ const std::string kDtrain = DTRAIN_BINARY;
 const std::string kWorker = DTRAIN_FIT_WORKER;
 constexpr int kEpochs = 80;  // 12 steps each: 960 steps
 
+// Whether child `pid` has exited (a zombie not yet waited for, or gone).
+bool exited(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return true;
+  const size_t paren = stat.rfind(')');  // "pid (comm) S ...": comm may hold spaces
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z';
+}
+
 std::vector<std::string> worker(const std::string& out, bool backups,
-                                const std::vector<std::string>& extra = {}) {
+                                const std::vector<std::string>& extra = {},
+                                int step_delay_us = 1000) {
   std::vector<std::string> a = {kWorker,
                                 "--mode",
                                 "multi-worker",
@@ -42,7 +52,7 @@ std::vector<std::string> worker(const std::string& out, bool backups,
                                 "--epochs",
                                 std::to_string(kEpochs),
                                 "--step-delay-us",
-                                "1000",
+                                std::to_string(step_delay_us),
                                 "--report-progress",
                                 "1"};
   if (backups) a.insert(a.end(), {"--checkpoint-dir", out + ".ckpt", "--checkpoint-every", "400"});
@@ -353,9 +363,12 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
                                   std::to_string(spares),
                                   "--"};
     // Backups on the host's own disk (the survivors' callback is BackupAndRestore's).
+    // With spares the job runs 4x longer (about 4 s): each node's spare (the fork server's start,
+    // then a fork) must stand by before each kill, also on a loaded machine.
     for (const std::string& x :
          worker(dir_ + "/out.bin", false,
-                {"--checkpoint-dir", host + "/ckpt", "--checkpoint-every", "400"})) {
+                {"--checkpoint-dir", host + "/ckpt", "--checkpoint-every", "400"},
+                spares > 0 ? 4000 : 1000)) {
       a.push_back(x);
     }
     return spawn(a, env_, log_of(node, run));
@@ -380,7 +393,7 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
   // node's logs) with `spares` spares ready beside it, or -1.
   pid_t trained_worker(Process& p, int node, int count, int runs = 1, int spares = 0) {
     const auto deadline = Clock::now() + std::chrono::seconds(90);
-    while (Clock::now() < deadline && p.pid > 0) {
+    while (Clock::now() < deadline && p.pid > 0 && !exited(p.pid)) {
       const auto all = events(str_cat(dir_, "/node", node, "-events.jsonl"));
       const std::map<pid_t, bool> standing = standby_spares(all);
       const std::set<pid_t> servers = spare_fork_servers(all);
@@ -449,7 +462,7 @@ void LaunchSurvivorsAcrossNodes::kill_either(int rounds, uint32_t seed) {
   ASSERT_EQ(wait_for(n[1], Clock::now() + std::chrono::seconds(60)), 0) << logs();
   std::printf("%d kills across 2 nodes; the other node's worker kept its pid %d time(s)\n", kills,
               kept);
-  ASSERT_GE(kills, 2) << "the job finished before the kills";
+  ASSERT_GE(kills, 2) << "the job finished before the kills\n" << logs();
   EXPECT_EQ(kept, kills);
   EXPECT_TRUE(read_file(dir_ + "/out.bin.rank0") == ref) << "rank 0 differs\n" << logs(2);
   EXPECT_TRUE(read_file(dir_ + "/out.bin.rank1") == ref) << "rank 1 differs\n" << logs(2);
@@ -502,7 +515,7 @@ TEST_F(LaunchSurvivorsAcrossNodes, EachNodesSpareTakesOverItsFailedRank) {
       "%d kills across 2 nodes with a spare each; the other node's worker kept its pid %d "
       "time(s)\n",
       kills, kept);
-  ASSERT_GE(kills, 2) << "the job finished before the kills";
+  ASSERT_GE(kills, 2) << "the job finished before the kills\n" << logs();
   EXPECT_EQ(kept, kills);
   EXPECT_TRUE(read_file(dir_ + "/out.bin.rank0") == ref) << "rank 0 differs\n" << logs();
   EXPECT_TRUE(read_file(dir_ + "/out.bin.rank1") == ref) << "rank 1 differs\n" << logs();

@@ -89,7 +89,25 @@ struct ThreadState {
   size_t scratchpad_capacity = 0;
 };
 
+// oneDNN's AVX-512 convolution kernels split their reductions (the backward-weights sums over the
+// batch and the image) by the number of threads, so their bits change with the thread count; its
+// AVX2 kernels' do not for any shape dtrain's tests train (ThreadCountBitwise caught this on an
+// AVX-512 machine, where the same binary had passed on one without). dtrain promises the same bits
+// for any thread count, so oneDNN is capped at AVX2 unless DNNL_MAX_CPU_ISA names another ISA.
+// The cap must come before oneDNN's first primitive; if it cannot (oneDNN was used already), the
+// library keeps its choice.
+bool cap_onednn_isa() {
+  if (std::getenv("DNNL_MAX_CPU_ISA") != nullptr) return false;
+  try {
+    dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx2);
+  } catch (const dnnl::error&) {
+    return false;
+  }
+  return true;
+}
+
 ThreadState& state() {
+  [[maybe_unused]] static const bool capped = cap_onednn_isa();
   thread_local ThreadState s;
   return s;
 }

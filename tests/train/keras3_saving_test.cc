@@ -22,6 +22,7 @@
 #include "testutil/expect_throws.h"
 #include "testutil/run_dtrain.h"
 #include "testutil/temp_dir.h"
+#include "train/saving_fixture.h"
 
 namespace dtrain::train {
 namespace {
@@ -38,31 +39,10 @@ using nlohmann::json;
 const std::string kKeras3H5 = "../shared/fixtures/keras3/fashion_cnn_keras3141.h5";
 const std::string kKeras3Zip = "../shared/fixtures/keras3/fashion_cnn_keras310.keras";
 
-struct Data {
-  Tensor x, y;
-};
+using saving_fixture::Data;
 
-// 256 examples of 8 features in 3 classes given by a fixed random linear teacher.
-Data make_data() {
-  std::mt19937 gen(99);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int n = 256, d = 8, k = 3;
-  std::vector<float> teacher(d * k), xs(n * d), ys(n);
-  for (float& w : teacher) w = normal(gen);
-  for (int i = 0; i < n; ++i) {
-    float best = -INFINITY;
-    for (int j = 0; j < d; ++j) xs[i * d + j] = normal(gen);
-    for (int c = 0; c < k; ++c) {
-      float s = 0;
-      for (int j = 0; j < d; ++j) s += xs[i * d + j] * teacher[j * k + c];
-      if (s > best) {
-        best = s;
-        ys[i] = static_cast<float>(c);
-      }
-    }
-  }
-  return {Tensor::from_vector(xs, Shape{n, d}), Tensor::from_vector(ys, Shape{n})};
-}
+// The saving tests' data set (saving_fixture.h) with a seed of its own.
+Data make_data() { return saving_fixture::make_data(99); }
 
 // Dense(16) → Dropout → Dense(3); without the Dropout for runs compared step by step (a loaded
 // Dropout draws other masks, as in Keras, which saves no random state).

@@ -17,13 +17,13 @@
 
 namespace dtrain::train::saving_fixture {
 
-// 256 examples of 8 features in 3 classes given by a fixed random linear teacher.
+// 256 examples of 8 features in 3 classes given by a fixed random linear teacher (`seed`).
 struct Data {
   Tensor x, y;
 };
 
-inline Data make_data() {
-  std::mt19937 gen(1234);
+inline Data make_data(uint32_t seed = 1234) {
+  std::mt19937 gen(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int n = 256, d = 8, k = 3;
   std::vector<float> teacher(d * k), xs(n * d), ys(n);

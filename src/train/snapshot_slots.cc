@@ -9,10 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -34,8 +30,6 @@ namespace fs = std::filesystem;
 
 constexpr const char* kLockFile = ".dtrain.lock";  // CheckpointManager's directory lock
 constexpr const char* kStateFile = "checkpoint";
-// The CRC of a piece is taken right after its copy, while the piece is still in the L2 cache.
-constexpr size_t kPiece = size_t{64} << 10;
 
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -72,45 +66,6 @@ std::pair<std::string, uint32_t> string_tensor_bytes(const std::string& s) {
   out += s;
   crc = crc32c::extend(crc, s.data(), s.size());
   return {std::move(out), crc};
-}
-
-// Copies `n` bytes to `dst`, returning their CRC-32C, piece by piece: the CRC is taken of the
-// source (in the cache: the step just updated it), and the copy streams past the cache
-// (non-temporal stores) where the CPU has them, since nothing in this process reads it again.
-uint32_t copy_with_crc(uint8_t* dst, const uint8_t* src, size_t n) {
-  uint32_t crc = 0;
-  for (size_t done = 0; done < n;) {
-    const size_t piece = std::min(kPiece, n - done);
-    crc = crc32c::extend(crc, src + done, piece);
-#if defined(__AVX__)
-    uint8_t* d = dst + done;
-    const uint8_t* p = src + done;
-    size_t left = piece;
-    const size_t head = std::min(left, (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32);
-    std::memcpy(d, p, head);
-    d += head;
-    p += head;
-    left -= head;
-    for (; left >= 128; d += 128, p += 128, left -= 128) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64));
-      const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 96));
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(d), a);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), b);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 64), c);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 96), e);
-    }
-    std::memcpy(d, p, left);
-#else
-    std::memcpy(dst + done, src + done, piece);
-#endif
-    done += piece;
-  }
-#if defined(__AVX__)
-  _mm_sfence();  // the streamed stores are visible before the index names them
-#endif
-  return crc;
 }
 
 }  // namespace
@@ -296,8 +251,10 @@ std::string SnapshotSlots::save(int64_t step) {
       e.shape = t.shape();
       e.offset = static_cast<int64_t>(at);
       e.size = static_cast<int64_t>(t.nbytes());
-      e.masked_crc32c = crc32c::mask(
-          copy_with_crc(slot->map + at, static_cast<const uint8_t*>(t.raw_data()), t.nbytes()));
+      // One pass: the CRC is taken of the words loaded for the copy, which streams past the
+      // cache (nothing in this process reads the slot again).
+      e.masked_crc32c =
+          crc32c::mask(crc32c::extend_copy(0, slot->map + at, t.raw_data(), t.nbytes()));
       at += t.nbytes();
     }
     // Data first, index last; the state file names it only then.

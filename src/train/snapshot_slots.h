@@ -7,9 +7,10 @@
 //   - the data files are slots: tmpfs files sized once (fallocate), mapped once (MAP_SHARED,
 //     pre-faulted) and rewritten in place by later snapshots, so a snapshot allocates, zeroes,
 //     faults in and frees no page;
-//   - the calling (training) thread copies every value straight into the slot's pages, and the
-//     CRC-32C of each piece is taken right after its copy, while it is in the cache: the copy is
-//     the isolation from later updates, and nothing else reads the state again;
+//   - the calling (training) thread copies every value straight into the slot's pages in one
+//     pass that also takes its CRC-32C (crc32c::extend_copy: the CRC of the words loaded for the
+//     copy, stored past the cache): the copy is the isolation from later updates, and nothing
+//     else reads the state again;
 //   - the index (a few hundred bytes) and the state file are then written and renamed into place
 //     on the same thread (a few tens of microseconds on tmpfs; no writer thread to wake).
 // The state file names a snapshot only after its data and index are complete, so a writer killed

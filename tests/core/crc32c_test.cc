@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,6 +70,40 @@ TEST(Crc32c, HardwarePathMatchesTableForAllSizesAndAlignments) {
       EXPECT_EQ(crc32c::extend(0x12345678u, buf.data() + off, n),
                 crc32c::detail::extend_software(0x12345678u, buf.data() + off, n))
           << "n=" << n << " off=" << off;
+    }
+  }
+}
+
+// The copy with its CRC: the same CRC as extend(), the same bytes as memcpy, for sizes around the
+// three-chain rounds and every alignment of source and destination against the cache lines
+// (the destination's head is copied byte by byte up to a line boundary, the rest streamed).
+TEST(Crc32c, ExtendCopyCopiesAndMatchesExtend) {
+  std::vector<uint8_t> src(200000 + 128);
+  uint64_t x = 0x2545F4914F6CDD1Dull;
+  for (auto& b : src) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  std::vector<uint8_t> dst(src.size() + 256);
+  for (size_t n :
+       {size_t{0}, size_t{1}, size_t{7}, size_t{63}, size_t{64}, size_t{65}, size_t{24575},
+        size_t{24576}, size_t{24640}, size_t{49160}, size_t{100003}, size_t{200000}}) {
+    for (size_t src_off : {size_t{0}, size_t{3}, size_t{8}, size_t{61}}) {
+      for (size_t dst_off : {size_t{0}, size_t{1}, size_t{8}, size_t{37}, size_t{64}}) {
+        std::fill(dst.begin(), dst.end(), uint8_t{0xEE});
+        const uint32_t crc =
+            crc32c::extend_copy(0x12345678u, dst.data() + dst_off, src.data() + src_off, n);
+        ASSERT_EQ(crc, crc32c::extend(0x12345678u, src.data() + src_off, n))
+            << "n=" << n << " src_off=" << src_off << " dst_off=" << dst_off;
+        ASSERT_TRUE(
+            std::equal(src.begin() + src_off, src.begin() + src_off + n, dst.begin() + dst_off))
+            << "n=" << n << " src_off=" << src_off << " dst_off=" << dst_off;
+        // Nothing outside [dst_off, dst_off + n) is written.
+        ASSERT_TRUE(
+            std::all_of(dst.begin(), dst.begin() + dst_off, [](uint8_t b) { return b == 0xEE; }));
+        ASSERT_TRUE(
+            std::all_of(dst.begin() + dst_off + n, dst.end(), [](uint8_t b) { return b == 0xEE; }));
+      }
     }
   }
 }

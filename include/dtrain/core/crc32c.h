@@ -14,6 +14,12 @@ namespace dtrain::crc32c {
 // sequence): extend(extend(0, a), b) == value(a ++ b).
 uint32_t extend(uint32_t crc, const void* data, size_t n);
 
+// Copies `n` bytes from `src` to `dst` (which must not overlap) and returns
+// extend(crc, src, n), in one pass: the CRC is taken of the words as they are loaded for the
+// copy. `dst` is written past the cache (non-temporal stores, then a store fence) where the CPU
+// has them: for a copy that nothing reads again soon, such as a snapshot of the training state.
+uint32_t extend_copy(uint32_t crc, void* dst, const void* src, size_t n);
+
 // The CRC-32C of `data`; value("123456789") == 0xE3069283.
 inline uint32_t value(const void* data, size_t n) { return extend(0, data, n); }
 inline uint32_t value(std::string_view s) { return extend(0, s.data(), s.size()); }

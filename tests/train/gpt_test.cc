@@ -89,8 +89,13 @@ TEST(GPTGolden, TwentyStepsOfAdamWWithGlobalClipnormMatchPyTorch) {
     const double loss = k == 0 ? means[0] : means[k] * (k + 1) - means[k - 1] * k;
     EXPECT_NEAR(loss, torch_losses[k], 1e-4 * std::fabs(torch_losses[k]) + 1e-5) << "step " << k;
   }
-  // Final weights within 1e-4 relative (of each tensor's largest magnitude, so that elements
-  // near zero are held to the same absolute scale). The attention's key bias is the exception:
+  // Final weights within 2e-4 relative (of each tensor's largest magnitude, so that elements
+  // near zero are held to the same absolute scale). Not the 1e-4: float32 rounding
+  // differs with the GEMM kernels, and PyTorch itself is not within 1e-4 of its own golden on
+  // another kernel set — tools/golden/gen_gpt.py on an AVX-512 machine, where OpenBLAS picks its
+  // Cooperlake kernels, differs from this file (written with its Zen kernels) by 1.78e-5 in
+  // token_embedding (1.07e-4 of its 0.1666), and dtrain there by 2.56e-5 (1.54e-4); with
+  // OPENBLAS_CORETYPE=Zen dtrain is within 1e-4. The attention's key bias is the exception:
   // its true gradient is 0 (q·(k + b) adds the same q·b to every key's score, which softmax
   // ignores), so what moves it is weight decay plus Adam normalizing float rounding noise into
   // steps of up to lr, in torch as in dtrain, each with its own noise: it is held to 1e-3
@@ -105,7 +110,7 @@ TEST(GPTGolden, TwentyStepsOfAdamWWithGlobalClipnormMatchPyTorch) {
       worst = std::max(worst, static_cast<double>(
                                   std::fabs(v->tensor().data<float>()[i] - want.data<float>()[i])));
     }
-    EXPECT_LE(worst, key_bias ? 1e-3 : 1e-4 * scale)
+    EXPECT_LE(worst, key_bias ? 1e-3 : 2e-4 * scale)
         << v->name() << ": max |dtrain - torch| " << worst << " against max |torch| " << scale;
   }
 }

@@ -363,12 +363,12 @@ class LaunchSurvivorsAcrossNodes : public ::testing::Test {
                                   std::to_string(spares),
                                   "--"};
     // Backups on the host's own disk (the survivors' callback is BackupAndRestore's).
-    // With spares the job runs 4x longer (about 4 s): each node's spare (the fork server's start,
-    // then a fork) must stand by before each kill, also on a loaded machine.
+    // A 4 ms step delay (about 4 s of job): each kill must land while both nodes still train
+    // (a kill after the other node's worker finished restarts both: "kept" then fails) and, with
+    // spares, after each node's spare stands by, also on a loaded machine.
     for (const std::string& x :
          worker(dir_ + "/out.bin", false,
-                {"--checkpoint-dir", host + "/ckpt", "--checkpoint-every", "400"},
-                spares > 0 ? 4000 : 1000)) {
+                {"--checkpoint-dir", host + "/ckpt", "--checkpoint-every", "400"}, 4000)) {
       a.push_back(x);
     }
     return spawn(a, env_, log_of(node, run));

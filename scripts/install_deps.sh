@@ -10,7 +10,7 @@ packages=(
   libgloo-dev libhiredis-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   redis-server etcd-server etcd-client iproute2
   libgtest-dev libgmock-dev libbenchmark-dev
-  libsentencepiece-dev
+  libsentencepiece-dev python3-h5py
   dataset-fashion-mnist fortunes
 )
 if [[ "${1:-}" == "--bench" ]]; then

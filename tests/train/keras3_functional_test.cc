@@ -24,6 +24,7 @@
 #include "dtrain/train/saving.h"
 #include "dtrain/train/training.h"
 #include "testutil/expect_throws.h"
+#include "testutil/h5py.h"
 #include "testutil/run_dtrain.h"
 #include "testutil/temp_dir.h"
 
@@ -38,8 +39,6 @@ namespace ck = dtrain::checkpoint;
 
 const std::string kChecker = "tests/train/keras3_functional_check.py";
 const std::string kKeras3Zip = "../shared/fixtures/keras3/fashion_cnn_keras310.keras";
-
-bool have_h5py() { return run_shell("/usr/bin/python3 -c 'import h5py' 2>&1").code == 0; }
 
 // input (8, 8, 3) → conv → bn → relu → [conv → bn → relu → conv → bn] + skip → relu → GAP →
 // dense(3).
@@ -221,7 +220,7 @@ TEST(Keras3Functional, AConvKernelThatDoesNotMatchTheConfigNamesTheLayer) {
 }
 
 TEST(Keras3Functional, TheFixturesCnnAsAFunctionalChainHasKeras3sLayout) {
-  if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
+  DTRAIN_REQUIRE_H5PY();
   nn::clear_session();
   TempDir dir;
   KerasTensor x = nn::Input(Shape{28, 28, 1}, {.name = "input_layer"});
@@ -248,7 +247,7 @@ TEST(Keras3Functional, TheFixturesCnnAsAFunctionalChainHasKeras3sLayout) {
 }
 
 TEST(Keras3Functional, TheResidualCnnFollowsKeras3sRulesForBatchNormAndAdd) {
-  if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
+  DTRAIN_REQUIRE_H5PY();
   for (const bool sync : {false, true}) {
     nn::clear_session();
     TempDir dir;
@@ -273,7 +272,7 @@ TEST(Keras3Functional, TheResidualCnnFollowsKeras3sRulesForBatchNormAndAdd) {
 
 // The checker can fail: a Sequential archive is not a Functional one.
 TEST(Keras3Functional, TheCheckerTellsASequentialArchiveApart) {
-  if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
+  DTRAIN_REQUIRE_H5PY();
   const auto r = run_shell("/usr/bin/python3 " + kChecker + " chain " + kKeras3Zip + " " +
                            kKeras3Zip + " 2>&1");
   EXPECT_EQ(r.code, 1) << r.output;

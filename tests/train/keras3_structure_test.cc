@@ -9,6 +9,7 @@
 #include "dtrain/optim/adam.h"
 #include "dtrain/train/saving.h"
 #include "dtrain/train/training.h"
+#include "testutil/h5py.h"
 #include "testutil/run_dtrain.h"
 #include "testutil/temp_dir.h"
 
@@ -19,8 +20,6 @@ using dtrain::testutil::run_shell;
 using dtrain::testutil::TempDir;
 
 const std::string kChecker = "tests/train/keras3_structure_check.py";
-
-bool have_h5py() { return run_shell("/usr/bin/python3 -c 'import h5py' 2>&1").code == 0; }
 
 void compile_and_step(nn::Model& m, const Shape& example) {
   m.compile({.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 1e-3}),
@@ -42,7 +41,7 @@ std::string check(const std::string& mode, const std::string& fixture, const std
 // fashion_cnn_keras310.keras without its convolutions: Flatten → Dropout(0.5) → Dense(64, relu)
 // → Dense(10, softmax) on the 5×5×64 features the second pooling layer hands Flatten.
 TEST(Keras3Structure, DotKerasMatchesKeras310) {
-  if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
+  DTRAIN_REQUIRE_H5PY();
   TempDir dir;
   nn::Sequential m({nn::Flatten({.input_shape = Shape{5, 5, 64}, .name = "flatten"}),
                     nn::Dropout(0.5, {.name = "dropout"}),
@@ -59,7 +58,7 @@ TEST(Keras3Structure, DotKerasMatchesKeras310) {
 // fashion_cnn_keras3141.h5 without its convolutions: Dropout(0.25) → Flatten → Dense(128, relu)
 // → Dropout(0.5) → Dense(10, softmax).
 TEST(Keras3Structure, Keras3H5MatchesKeras3141) {
-  if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
+  DTRAIN_REQUIRE_H5PY();
   TempDir dir;
   nn::Sequential m({nn::Dropout(0.25, {.name = "dropout"}), nn::Flatten({.name = "flatten"}),
                     nn::Dense(128, {.activation = "relu", .name = "dense"}),
@@ -76,7 +75,7 @@ TEST(Keras3Structure, Keras3H5MatchesKeras3141) {
 
 // The checker can fail: dtrain's default .h5 (the Keras 2.12 layout) is not Keras 3's.
 TEST(Keras3Structure, TheCheckerTellsKeras2LayoutApart) {
-  if (!have_h5py()) GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";
+  DTRAIN_REQUIRE_H5PY();
   TempDir dir;
   nn::Sequential m({nn::Dropout(0.25, {.name = "dropout"}), nn::Flatten({.name = "flatten"}),
                     nn::Dense(128, {.activation = "relu", .name = "dense"}),

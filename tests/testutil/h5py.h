@@ -13,11 +13,13 @@ inline bool have_h5py() { return run_shell("/usr/bin/python3 -c 'import h5py' 2>
 
 // Skips the test where /usr/bin/python3 has no h5py; under CI (CI set) fails instead:
 // scripts/install_deps.sh brings python3-h5py, and a skip once hid that it did not.
-#define DTRAIN_REQUIRE_H5PY()                                                          \
-  if (!::dtrain::testutil::have_h5py()) {                                              \
-    if (std::getenv("CI") != nullptr) {                                                \
-      FAIL() << "CI is set and /usr/bin/python3 has no h5py (scripts/install_deps.sh " \
-                "installs python3-h5py)";                                              \
-    }                                                                                  \
-    GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";     \
-  }
+#define DTRAIN_REQUIRE_H5PY()                                                            \
+  do {                                                                                   \
+    if (!::dtrain::testutil::have_h5py()) {                                              \
+      if (std::getenv("CI") != nullptr) {                                                \
+        FAIL() << "CI is set and /usr/bin/python3 has no h5py (scripts/install_deps.sh " \
+                  "installs python3-h5py)";                                              \
+      }                                                                                  \
+      GTEST_SKIP() << "/usr/bin/python3 has no h5py (apt-get install python3-h5py)";     \
+    }                                                                                    \
+  } while (false)

@@ -121,9 +121,9 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
                   "(--snapshot-every > 0; at most 64)")
       ->capture_default_str();
   cmd->add_option("--spare-start", options.spare_start,
-                  "fork: one fork server loads the data and builds the model once, and each "
-                  "spare is a fork of it (milliseconds of CPU); exec: each spare is a new "
-                  "process that loads and builds on its own (the default)")
+                  "fork (the default): one fork server loads the data and builds the model "
+                  "once, and each spare is a fork of it (milliseconds of CPU); exec: each spare "
+                  "is a new process that loads and builds on its own")
       ->capture_default_str();
   cmd->add_option("--snapshot-root", options.snapshot_root,
                   "Directory for the snapshots' tmpfs directory (default /dev/shm)");

@@ -115,11 +115,21 @@ bool receive_fork_request(int fd, int& id, std::string& key, int& out, int& err)
 }
 
 // The forked spare, child of the launcher now: its own process group, SIGKILL when the
-// launcher dies, its own output pipes and its identity. Exits when it was not re-parented to
-// the launcher (the launcher is gone, or is no subreaper).
+// launcher dies, its own output pipes and its identity. Waits until `intermediate` (the spare's
+// first parent) has exited; exits when it was not re-parented to the launcher (the launcher is
+// gone, or is no subreaper).
 void become_spare(pid_t launcher, pid_t intermediate, int id, const std::string& key, int out,
                   int err) {
-  for (int i = 0; i < 10000 && ::getppid() == intermediate; ++i) ::usleep(100);
+  // The intermediate exits right after the fork (microseconds); the bound is only a safety net.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::getppid() == intermediate && std::chrono::steady_clock::now() < deadline) ::usleep(100);
+  if (::getppid() == intermediate) {
+    std::fprintf(stderr,
+                 "standby: spare %d was not re-parented to the launcher (pid %d) within 10 s of "
+                 "its fork; it exits\n",
+                 id, static_cast<int>(launcher));
+    ::_exit(1);
+  }
   if (::getppid() != launcher) ::_exit(1);
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != launcher) ::raise(SIGKILL);
   ::setpgid(0, 0);
@@ -174,13 +184,16 @@ void serve_spare_forks(const std::string& fd_text) {
     const pid_t intermediate = ::fork();
     if (intermediate == 0) {
       // A double fork: the spare's parent exits at once, so the launcher (a child subreaper)
-      // becomes the spare's parent.
+      // becomes the spare's parent. The spare is told its first parent's pid: asking getppid()
+      // after the fork races with that parent's exit, and a spare re-parented already would
+      // take the launcher for the intermediate and wait out become_spare's bound (~2 s).
+      const pid_t self = ::getpid();
       const pid_t spare = ::fork();
       if (spare == 0) {
         ::close(pid_pipe[0]);
         ::close(pid_pipe[1]);
         ::close(fd);
-        become_spare(launcher, ::getppid(), id, key, out, err);
+        become_spare(launcher, self, id, key, out, err);
         return;
       }
       [[maybe_unused]] const ssize_t w = ::write(pid_pipe[1], &spare, sizeof spare);

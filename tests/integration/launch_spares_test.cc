@@ -492,7 +492,7 @@ pid_t parent_of(pid_t pid) {
   return ppid;
 }
 
-// --spare-start fork: one fork server loads and builds once, each spare is a fork
+// --spare-start fork (the default): one fork server loads and builds once, each spare is a fork
 // of it, adopted by the launcher (its parent), and takes over as any spare. When the server is
 // killed, the next spare is started with exec, and the job still ends bitwise.
 TEST_F(LaunchSpares, SparesAreForkedFromOneServerAndExecWhenItIsLost) {
@@ -537,9 +537,10 @@ TEST_F(LaunchSpares, SparesAreForkedFromOneServerAndExecWhenItIsLost) {
   for (const auto& e : of_kind(all, "spare_fork_server")) lost |= e.value("state", "") == "lost";
   EXPECT_TRUE(lost);
   EXPECT_TRUE(of_kind(all, "spare_lost").empty()) << "the server's loss is no spare's";
+  EXPECT_EQ(read_file(dir_ + "/job.log").find("was not re-parented"), std::string::npos);
 }
 
-// --spare-start exec (the default): each spare is a process of its own.
+// --spare-start exec: each spare is a process of its own.
 TEST_F(LaunchSpares, ExecStartedSpares) {
   const std::string& ref = reference(2);
   ASSERT_FALSE(ref.empty()) << "no reference result";

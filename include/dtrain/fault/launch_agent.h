@@ -48,8 +48,9 @@ struct LaunchOptions {
   // ranks of their node instead of new processes (snapshots, the coordination service).
   int spares = 0;
   // --spare-start: "fork" forks each spare from one fork server that loaded the data and built
-  // the model once (train/standby.h); "exec" starts each spare as a new process.
-  std::string spare_start = "exec";
+  // the model once (train/standby.h; the launcher falls back to exec when the server cannot
+  // fork); "exec" starts each spare as a new process.
+  std::string spare_start = "fork";
   std::vector<std::string> command;  // the worker's command line (run through PATH)
 };
 

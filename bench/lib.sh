@@ -103,7 +103,8 @@ fortunes_corpus() {
 
 # kill_loop_job_args JOB TMP: sets job_args, the `dtrain fit` arguments of the kill-loop job
 # (bench/kill_loop.sh, bench/snapshot_overhead.sh): mlp (the Fashion-MNIST MLP, batch 64) or lm
-# (a small char GPT on the fortunes text in TMP, STEPS steps per epoch, default 100).
+# (a small char GPT on the fortunes text in TMP, STEPS steps per epoch, default 100; STEPS=0:
+# each epoch one pass over the text's windows, so that a long job does not run out of data).
 kill_loop_job_args() {
   case "$1" in
     mlp) job_args=(--batch-size 64) ;;
@@ -111,7 +112,8 @@ kill_loop_job_args() {
       fortunes_corpus "$2/fortunes.txt"
       job_args=(--arch gpt --corpus "$2/fortunes.txt" --context 64 --layers 2 --d-model 64
         --heads 4 --batch-size 16 --optimizer adamw --learning-rate 1e-3 --global-clipnorm 1.0
-        --validation-split 0.01 --steps-per-epoch "${STEPS:-100}")
+        --validation-split 0.01)
+      if [[ ${STEPS:-100} != 0 ]]; then job_args+=(--steps-per-epoch "${STEPS:-100}"); fi
       ;;
     *) echo "JOB must be mlp or lm, not '$1'" >&2; exit 2 ;;
   esac

@@ -8,7 +8,7 @@ sees the batches it would have. Two jobs, as kill_loop.sh's JOB:
        prints the test accuracy.
   lm:  the char GPT of bench/torch_gpt.py on CORPUS (2 blocks, d_model 64, 4 heads, context 64),
        AdamW 1e-3 with clip_grad_norm_ 1.0, global batch 16 = WORLD x 8 windows, STEPS steps per
-       epoch;
+       epoch (0: one pass over the training windows);
        prints the next-character accuracy on the last 1% of the text.
 
 Appends "resumed STEP" (at start) and "at STEP" (every step) to PROGRESS from rank 0, so the
@@ -77,7 +77,9 @@ class LmJob:
         self.train_windows = int((len(self.ids) - 1) * 0.99) // self.context
         self.model = GPT(len(vocab), self.context, 2, 64, 4)
         self.opt_class, self.opt_args, self.clip = torch.optim.AdamW, dict(lr=1e-3, eps=1e-7), 1.0
-        self.rank, self.per, self.steps_per_epoch = rank, self.global_batch // world, steps
+        # steps 0: one pass over the training windows per epoch (kill_loop.sh's STEPS=0)
+        self.rank, self.per = rank, self.global_batch // world
+        self.steps_per_epoch = steps if steps > 0 else self.train_windows // self.global_batch
 
     def windows(self, starts):
         x = torch.stack([self.ids[s:s + self.context] for s in starts])

@@ -186,7 +186,7 @@ void serve_spare_forks(const std::string& fd_text) {
       // A double fork: the spare's parent exits at once, so the launcher (a child subreaper)
       // becomes the spare's parent. The spare is told its first parent's pid: asking getppid()
       // after the fork races with that parent's exit, and a spare re-parented already would
-      // take the launcher for the intermediate and wait out become_spare's bound (~2 s).
+      // take the launcher for the intermediate and wait out become_spare's bound.
       const pid_t self = ::getpid();
       const pid_t spare = ::fork();
       if (spare == 0) {

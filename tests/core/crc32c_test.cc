@@ -55,8 +55,9 @@ TEST(Crc32c, ExtendEqualsValueOfConcatenation) {
   }
 }
 
-// Large, odd-sized, misaligned buffers exercise the three-chain hardware path and its joins;
-// the table implementation is the oracle.
+// Large, odd-sized, misaligned buffers exercise the three-chain hardware path and its joins, and
+// (where the CPU folds with VPCLMULQDQ) the fold's thresholds: 256 bytes to start, 128 per round,
+// 16-byte blocks and a byte tail after it; the table implementation is the oracle.
 TEST(Crc32c, HardwarePathMatchesTableForAllSizesAndAlignments) {
   std::vector<uint8_t> buf(200000 + 16);
   uint64_t x = 0x9E3779B97F4A7C15ull;
@@ -64,19 +65,23 @@ TEST(Crc32c, HardwarePathMatchesTableForAllSizesAndAlignments) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     b = static_cast<uint8_t>(x);
   }
-  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{24575}, size_t{24576},
-                   size_t{24577}, size_t{49152}, size_t{100003}, size_t{200000}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{255}, size_t{256},
+                   size_t{257}, size_t{271}, size_t{383}, size_t{384}, size_t{399}, size_t{24575},
+                   size_t{24576}, size_t{24577}, size_t{49152}, size_t{100003}, size_t{200000}}) {
     for (size_t off = 0; off < 9; off += 4) {
-      EXPECT_EQ(crc32c::extend(0x12345678u, buf.data() + off, n),
-                crc32c::detail::extend_software(0x12345678u, buf.data() + off, n))
+      const uint32_t want = crc32c::detail::extend_software(0x12345678u, buf.data() + off, n);
+      EXPECT_EQ(crc32c::extend(0x12345678u, buf.data() + off, n), want)
           << "n=" << n << " off=" << off;
+      EXPECT_EQ(crc32c::detail::extend_chains(0x12345678u, buf.data() + off, n), want)
+          << "chains: n=" << n << " off=" << off;
     }
   }
 }
 
-// The copy with its CRC: the same CRC as extend(), the same bytes as memcpy, for sizes around the
-// three-chain rounds and every alignment of source and destination against the cache lines
-// (the destination's head is copied byte by byte up to a line boundary, the rest streamed).
+// The copy with its CRC: the CRC of the table implementation, the same bytes as memcpy, for sizes
+// around the three-chain rounds and the fold's thresholds and every alignment of source and
+// destination against the cache lines (the destination's head is copied byte by byte up to a
+// line boundary, the rest streamed).
 TEST(Crc32c, ExtendCopyCopiesAndMatchesExtend) {
   std::vector<uint8_t> src(200000 + 128);
   uint64_t x = 0x2545F4914F6CDD1Dull;
@@ -85,15 +90,15 @@ TEST(Crc32c, ExtendCopyCopiesAndMatchesExtend) {
     b = static_cast<uint8_t>(x);
   }
   std::vector<uint8_t> dst(src.size() + 256);
-  for (size_t n :
-       {size_t{0}, size_t{1}, size_t{7}, size_t{63}, size_t{64}, size_t{65}, size_t{24575},
-        size_t{24576}, size_t{24640}, size_t{49160}, size_t{100003}, size_t{200000}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{63}, size_t{64}, size_t{65}, size_t{319},
+                   size_t{320}, size_t{321}, size_t{463}, size_t{24575}, size_t{24576},
+                   size_t{24640}, size_t{49160}, size_t{100003}, size_t{200000}}) {
     for (size_t src_off : {size_t{0}, size_t{3}, size_t{8}, size_t{61}}) {
       for (size_t dst_off : {size_t{0}, size_t{1}, size_t{8}, size_t{37}, size_t{64}}) {
         std::fill(dst.begin(), dst.end(), uint8_t{0xEE});
         const uint32_t crc =
             crc32c::extend_copy(0x12345678u, dst.data() + dst_off, src.data() + src_off, n);
-        ASSERT_EQ(crc, crc32c::extend(0x12345678u, src.data() + src_off, n))
+        ASSERT_EQ(crc, crc32c::detail::extend_software(0x12345678u, src.data() + src_off, n))
             << "n=" << n << " src_off=" << src_off << " dst_off=" << dst_off;
         ASSERT_TRUE(
             std::equal(src.begin() + src_off, src.begin() + src_off + n, dst.begin() + dst_off))

@@ -1,7 +1,8 @@
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of TensorFlow's tensor
 // bundles, LevelDB tables and TFRecord files, with the "masked" form they store on disk. Uses the
-// SSE4.2 crc32 instruction (three interleaved streams) when compiled with __SSE4_2__, a
-// slicing-by-8 table otherwise. Pure functions; thread-safe.
+// SSE4.2 crc32 instruction (three interleaved streams) when compiled with __SSE4_2__, carry-less
+// multiplication folds for buffers of 256 bytes and more where the target has VPCLMULQDQ and
+// AVX2, a slicing-by-8 table otherwise. Pure functions; thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +41,9 @@ bool hardware_accelerated();
 namespace detail {
 // The portable table implementation, whatever extend() uses (for tests).
 uint32_t extend_software(uint32_t crc, const void* data, size_t n);
+// The three crc32-instruction chains alone, never the folds; extend_software where the target
+// lacks SSE4.2 (for tests, so that every path is checked on a CPU that folds).
+uint32_t extend_chains(uint32_t crc, const void* data, size_t n);
 }  // namespace detail
 
 }  // namespace dtrain::crc32c

@@ -267,7 +267,8 @@ Tensor stop_gradient(const Tensor& t) {
 
 namespace {
 std::atomic<int64_t> g_next_variable_id{1};
-}
+std::atomic<uint64_t> g_variables_destroyed{0};
+}  // namespace
 
 Variable::Variable(std::string name, Tensor initial, bool trainable)
     : name_(std::move(name)),
@@ -276,6 +277,13 @@ Variable::Variable(std::string name, Tensor initial, bool trainable)
       id_(g_next_variable_id.fetch_add(1, std::memory_order_relaxed)) {
   DTRAIN_CHECK(value_.defined(), "Variable '", name_, "': initial value is undefined");
   value_.set_tape_ref({});
+}
+
+Variable::~Variable() { g_variables_destroyed.fetch_add(1, std::memory_order_relaxed); }
+
+uint64_t Variable::lifetime_events() {
+  return static_cast<uint64_t>(g_next_variable_id.load(std::memory_order_relaxed)) +
+         g_variables_destroyed.load(std::memory_order_relaxed);
 }
 
 Tensor Variable::value() const {

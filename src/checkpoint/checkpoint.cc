@@ -77,15 +77,34 @@ std::vector<std::string> Checkpoint::keys() {
   return out;
 }
 
+struct Checkpoint::ContentsCache {
+  detail::GraphView view;
+  std::string graph;
+  uint64_t variable_events = 0;
+  bool save_counter_tracked = false;
+};
+
 Checkpoint::Contents Checkpoint::contents(bool count_save) {
   if (count_save) {
     save_counter_tracked_ = true;
     ++save_counter_.tensor().data<int64_t>()[0];
   }
-  const auto view = detail::GraphView::build(root_ ? &*root_ : nullptr, root_children());
-  Contents out{.graph = view.graph.serialize(), .tensors = {}};
-  out.tensors.reserve(view.values.size());
-  for (const auto& v : view.values) out.tensors.emplace_back(v.key, v.get());
+  const uint64_t events = Variable::lifetime_events();
+  if (!contents_cache_ || contents_cache_->variable_events != events ||
+      contents_cache_->save_counter_tracked != save_counter_tracked_) {
+    contents_cache_.reset();  // the old walk may name objects that are gone
+    auto fresh = std::make_unique<ContentsCache>();
+    fresh->view = detail::GraphView::build(root_ ? &*root_ : nullptr, root_children());
+    fresh->graph = fresh->view.graph.serialize();
+    fresh->variable_events = events;
+    fresh->save_counter_tracked = save_counter_tracked_;
+    contents_cache_ = std::move(fresh);
+  }
+  // The values afresh through the walk (no handle is kept here between calls).
+  const ContentsCache& c = *contents_cache_;
+  Contents out{.graph = c.graph, .tensors = {}};
+  out.tensors.reserve(c.view.values.size());
+  for (const auto& v : c.view.values) out.tensors.emplace_back(v.key, v.get());
   return out;
 }
 

@@ -16,8 +16,13 @@ class Variable {
  public:
   // Takes `initial` as its value (not copied: pass clone() to keep the original separate).
   Variable(std::string name, Tensor initial, bool trainable = true);
+  ~Variable();
   Variable(const Variable&) = delete;
   Variable& operator=(const Variable&) = delete;
+
+  // How many variables this process has created and destroyed so far: unchanged between two
+  // reads, no variable came or went (a cheap test that a walk over variables is still current).
+  static uint64_t lifetime_events();
 
   // The name as Keras gives it, e.g. "dense/kernel:0" drops the ":0": "dense/kernel".
   const std::string& name() const { return name_; }

@@ -242,7 +242,12 @@ class Checkpoint {
   // snapshots, src/train/snapshot_slots.h): the serialized object graph (the
   // kObjectGraphKey string) and every value under its key, uncopied (a variable's own storage:
   // read it before the value changes). With `count_save`, counts a save first as save() does
-  // (save_counter + 1, tracked from then on). Nothing is written.
+  // (save_counter + 1, tracked from then on). Nothing is written. A writer that asks every few
+  // steps pays for the object graph's walk and serialization once: they are kept and reused
+  // while no variable was created or destroyed in this process since (Variable::
+  // lifetime_events) and the save counter's tracking is unchanged; only the values are read
+  // afresh through the kept walk. The tracked objects must not change their children otherwise
+  // (a fit() callback's objects do not).
   struct Contents {
     std::string graph;
     std::vector<std::pair<std::string, Tensor>> tensors;
@@ -292,6 +297,9 @@ class Checkpoint {
   Variable save_counter_;
   bool save_counter_tracked_ = false;
   std::unique_ptr<detail::AsyncWriter> writer_;  // enable_async only
+  // contents(): the walk it reuses, its serialized graph and keys, and when it was made.
+  struct ContentsCache;
+  std::unique_ptr<ContentsCache> contents_cache_;
   std::optional<ShardedSaveOptions> sharding_;
 };
 

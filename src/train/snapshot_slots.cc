@@ -183,10 +183,24 @@ void SnapshotSlots::lay_out(const checkpoint::Checkpoint::Contents& c) {
   l.graph = c.graph;
   std::tie(l.graph_bytes, l.graph_crc) = string_tensor_bytes(c.graph);
   l.bytes = l.graph_bytes.size();
+  checkpoint::BundleEntry& g = l.entries[std::string(checkpoint::kObjectGraphKey)];
+  g.dtype = DType::kString;
+  g.shape = Shape{};
+  g.offset = 0;
+  g.size = static_cast<int64_t>(l.graph_bytes.size());
+  g.masked_crc32c = crc32c::mask(l.graph_crc);
   for (const auto& [key, t] : c.tensors) {
     DTRAIN_CHECK(t.defined() && t.dtype() != DType::kString, "SnapshotSlots: value '", key,
                  "' is undefined or holds strings");
     l.values.emplace_back(key, std::make_pair(t.dtype(), t.shape()));
+    const auto [it, added] = l.entries.try_emplace(key);
+    DTRAIN_CHECK(added, "SnapshotSlots: two values have the key '", key, "'");
+    checkpoint::BundleEntry& e = it->second;
+    e.dtype = t.dtype();
+    e.shape = t.shape();
+    e.offset = static_cast<int64_t>(l.bytes);
+    e.size = static_cast<int64_t>(t.nbytes());
+    l.value_entries.push_back(&e);  // map nodes stay put, also when the map is moved
     l.bytes += t.nbytes();
   }
   layout_ = std::move(l);
@@ -236,31 +250,19 @@ std::string SnapshotSlots::save(int64_t step) {
   const std::string data = checkpoint::data_filename(prefix, 0, 1);
   try {
     // The one pass over the state: each value straight into the slot's pages, with its CRC.
-    checkpoint::BundleEntries entries;
     std::memcpy(slot->map, layout_.graph_bytes.data(), layout_.graph_bytes.size());
-    checkpoint::BundleEntry& g = entries[std::string(checkpoint::kObjectGraphKey)];
-    g.dtype = DType::kString;
-    g.shape = Shape{};
-    g.offset = 0;
-    g.size = static_cast<int64_t>(layout_.graph_bytes.size());
-    g.masked_crc32c = crc32c::mask(layout_.graph_crc);
-    size_t at = layout_.graph_bytes.size();
-    for (const auto& [key, t] : c.tensors) {
-      checkpoint::BundleEntry& e = entries[key];
-      e.dtype = t.dtype();
-      e.shape = t.shape();
-      e.offset = static_cast<int64_t>(at);
-      e.size = static_cast<int64_t>(t.nbytes());
+    for (size_t i = 0; i < c.tensors.size(); ++i) {
+      const Tensor& t = c.tensors[i].second;
+      checkpoint::BundleEntry& e = *layout_.value_entries[i];
       // One pass: the CRC is taken of the words loaded for the copy, which streams past the
       // cache (nothing in this process reads the slot again).
-      e.masked_crc32c =
-          crc32c::mask(crc32c::extend_copy(0, slot->map + at, t.raw_data(), t.nbytes()));
-      at += t.nbytes();
+      e.masked_crc32c = crc32c::mask(crc32c::extend_copy(
+          0, slot->map + static_cast<size_t>(e.offset), t.raw_data(), t.nbytes()));
     }
     // Data first, index last; the state file names it only then.
     if (::rename(slot->path.c_str(), data.c_str()) != 0) throw_file_error(errno, "rename", data);
     slot->path = data;
-    checkpoint::write_bundle_index(prefix, 1, entries, /*sync=*/false);
+    checkpoint::write_bundle_index(prefix, 1, layout_.entries, /*sync=*/false);
   } catch (...) {
     std::error_code ec;
     fs::remove(checkpoint::index_filename(prefix), ec);

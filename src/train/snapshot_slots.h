@@ -76,6 +76,10 @@ class SnapshotSlots {
     std::string graph_bytes;  // the object graph as a DT_STRING tensor's bytes
     uint32_t graph_crc = 0;   // their CRC (unmasked)
     size_t bytes = 0;         // of the data file
+    // The index's entries, laid out (the object graph first, then the values at their offsets):
+    // a snapshot only sets the values' CRCs, through `value_entries` (in `values` order).
+    checkpoint::BundleEntries entries;
+    std::vector<checkpoint::BundleEntry*> value_entries;
   };
   struct Kept {
     int64_t step;

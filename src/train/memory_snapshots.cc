@@ -163,7 +163,9 @@ NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
 
 void MemorySnapshots::roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next) {
   const double rejoined = monotonic_seconds();  // the new generation's collectives connected
-  // (Snapshots are written synchronously: none is in flight while the state is replaced.)
+  // No commit is in flight while the state is replaced (and the later steps' snapshots are
+  // rewritten from here on).
+  flush_commits();
   try {
     ckpt.restore(next.restore).assert_existing_objects_matched();
   } catch (const Error& e) {
@@ -227,7 +229,10 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
   ckpt_ = std::make_unique<checkpoint::Checkpoint>(std::move(children));
   // Six: the launchers agree on the newest step that every rank holds, and the replication to
   // the neighbour may trail the other workers by a few snapshots.
-  slots_ = std::make_unique<SnapshotSlots>(dir_, *ckpt_, SnapshotSlotsOptions{.max_to_keep = 6});
+  // The commit (renames, index, state file, the oldest dropped) runs beside training: the training
+  // thread pays for the copy that isolates the state.
+  slots_ = std::make_unique<SnapshotSlots>(
+      dir_, *ckpt_, SnapshotSlotsOptions{.max_to_keep = 6, .commit_in_background = true});
 }
 
 std::optional<std::string> MemorySnapshots::restore_agreed(checkpoint::Checkpoint& ckpt) {
@@ -366,15 +371,26 @@ void MemorySnapshots::after_step(BackupAndRestore& backups, TrainingState& ts) {
   backups.capture();
   try {
     // Numbered by the global step, so that every worker's snapshot of one step has one name.
+    // Throws the previous snapshot's commit error, if it failed, before this one is taken.
     slots_->save(step);
   } catch (const Error& e) {
     // A snapshot never stops training: the launchers agree on a step every rank holds.
-    std::cerr << "BackupAndRestore: an in-memory snapshot of step " << step
-              << " failed: " << e.what() << "\n";
+    std::cerr << "BackupAndRestore: an in-memory snapshot failed (at step " << step
+              << "): " << e.what() << "\n";
+  }
+}
+
+void MemorySnapshots::flush_commits() {
+  if (!slots_) return;
+  try {
+    slots_->flush();
+  } catch (const Error& e) {
+    std::cerr << "BackupAndRestore: an in-memory snapshot failed: " << e.what() << "\n";
   }
 }
 
 void MemorySnapshots::end() {
+  flush_commits();
   if (report_) report_snapshot_source(*std::exchange(report_, std::nullopt));
   if (snapshots_taken_ > 0) {
     // What the snapshots cost this worker: their time on the training thread against the time

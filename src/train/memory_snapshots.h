@@ -17,9 +17,10 @@
 // A snapshot is a TensorFlow-format checkpoint over the very objects a backup tracks (so it
 // restores exactly what a backup restores), written by SnapshotSlots (snapshot_slots.h): the
 // training thread copies the values straight into a reused, pre-mapped tmpfs file (the copy is
-// isolated from later updates, and is the only pass over the state), then writes the small index
-// and commits the snapshot in the directory's state file, which is what tells the launcher that
-// a snapshot is complete. Private to src/train; used by BackupAndRestore only.
+// isolated from later updates, and is the only pass over the state); a thread beside it then
+// writes the small index and commits the snapshot in the directory's state file, which is what
+// tells the launcher that a snapshot is complete. Private to src/train; used by BackupAndRestore
+// only.
 #pragma once
 
 #include <chrono>
@@ -93,7 +94,7 @@ class MemorySnapshots {
   static NextGeneration await_next_generation(
       int64_t generation, std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // Rolls this process back to snapshot `prefix` (a survivor joining the next generation):
-  // restores `prefix` into `ckpt` (no snapshot is in flight: they are written synchronously) and
+  // restores `prefix` into `ckpt` (after the snapshot commit in flight, if any, is done) and
   // continues the schedule from its step, rewriting the later steps' snapshots. Throws
   // DataLossError naming the snapshot when it cannot be restored.
   void roll_back(checkpoint::Checkpoint& ckpt, const NextGeneration& next);
@@ -122,6 +123,9 @@ class MemorySnapshots {
   void end();
 
  private:
+  // Waits for the snapshot commit in flight; reports its error on stderr.
+  void flush_commits();
+
   std::string dir_;
   int64_t every_;
   int64_t last_ = -1;  // the newest global step snapshotted

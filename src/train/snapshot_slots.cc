@@ -149,19 +149,63 @@ SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
                          .slot = nullptr});
   }
   while (static_cast<int>(kept_.size()) > options_.max_to_keep) kept_.pop_front();
+  if (options_.commit_in_background) thread_ = std::thread([this] { committer(); });
 }
 
 SnapshotSlots::~SnapshotSlots() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();  // after the commit in flight
+  }
   // The committed snapshots stay for the launcher; spare slots hold nothing.
   for (const auto& s : spares_) ::unlink(s->path.c_str());
   if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+void SnapshotSlots::committer() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || pending_.has_value(); });
+    if (!pending_) return;  // stopped, nothing in flight
+    Pending p = std::move(*pending_);
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      commit(std::move(p));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    pending_.reset();
+    error_ = error;
+    cv_.notify_all();
+  }
+}
+
+std::exception_ptr SnapshotSlots::wait_idle() {
+  if (!thread_.joinable()) return nullptr;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !pending_.has_value(); });
+  return std::exchange(error_, nullptr);
+}
+
+void SnapshotSlots::flush() {
+  if (std::exception_ptr error = wait_idle()) std::rethrow_exception(error);
 }
 
 std::string SnapshotSlots::prefix_of(int64_t step) const {
   return (fs::path(dir_) / str_cat(options_.name, "-", step)).string();
 }
 
-std::vector<std::string> SnapshotSlots::snapshots() const {
+std::vector<std::string> SnapshotSlots::snapshots() {
+  if (std::exception_ptr error = wait_idle()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = error;  // still the next save()'s to throw
+  }
   std::vector<std::string> out;
   for (const Kept& k : kept_) out.push_back(k.prefix);
   return out;
@@ -233,6 +277,7 @@ std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
 }
 
 std::string SnapshotSlots::save(int64_t step) {
+  flush();  // the previous commit: done, or its error instead
   const std::string prefix = prefix_of(step);
   // Rewriting a listed snapshot (after a rollback): off the list first, so that no reader ever
   // takes the new bytes for the old snapshot or a torn mix for either.
@@ -247,7 +292,6 @@ std::string SnapshotSlots::save(int64_t step) {
   const checkpoint::Checkpoint::Contents c = ckpt_.contents(/*count_save=*/true);
   if (!matches(c)) lay_out(c);
   std::unique_ptr<Slot> slot = take_spare();
-  const std::string data = checkpoint::data_filename(prefix, 0, 1);
   try {
     // The one pass over the state: each value straight into the slot's pages, with its CRC.
     std::memcpy(slot->map, layout_.graph_bytes.data(), layout_.graph_bytes.size());
@@ -259,19 +303,40 @@ std::string SnapshotSlots::save(int64_t step) {
       e.masked_crc32c = crc32c::mask(crc32c::extend_copy(
           0, slot->map + static_cast<size_t>(e.offset), t.raw_data(), t.nbytes()));
     }
+  } catch (...) {
+    ::unlink(slot->path.c_str());
+    throw;
+  }
+  Pending p{.step = step, .prefix = prefix, .slot = std::move(slot)};
+  if (!thread_.joinable()) {
+    commit(std::move(p));
+    return prefix;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_ = std::move(p);
+  }
+  cv_.notify_all();
+  return prefix;
+}
+
+void SnapshotSlots::commit(Pending p) {
+  const std::string& prefix = p.prefix;
+  const std::string data = checkpoint::data_filename(prefix, 0, 1);
+  try {
     // Data first, index last; the state file names it only then.
-    if (::rename(slot->path.c_str(), data.c_str()) != 0) throw_file_error(errno, "rename", data);
-    slot->path = data;
+    if (::rename(p.slot->path.c_str(), data.c_str()) != 0) throw_file_error(errno, "rename", data);
+    p.slot->path = data;
     checkpoint::write_bundle_index(prefix, 1, layout_.entries, /*sync=*/false);
   } catch (...) {
     std::error_code ec;
     fs::remove(checkpoint::index_filename(prefix), ec);
-    ::unlink(slot->path.c_str());
+    ::unlink(p.slot->path.c_str());
     throw;
   }
-  Slot* written = slot.get();
+  Slot* written = p.slot.get();
   kept_.push_back(
-      Kept{.step = step, .prefix = prefix, .timestamp = unix_now(), .slot = std::move(slot)});
+      Kept{.step = p.step, .prefix = prefix, .timestamp = unix_now(), .slot = std::move(p.slot)});
   std::vector<Kept> doomed;
   while (static_cast<int>(kept_.size()) > options_.max_to_keep) {
     doomed.push_back(std::move(kept_.front()));
@@ -292,7 +357,6 @@ std::string SnapshotSlots::save(int64_t step) {
   // Committed: readers may hold it from now on.
   ::flock(written->fd, LOCK_UN);
   for (Kept& k : doomed) drop(std::move(k));
-  return prefix;
 }
 
 void SnapshotSlots::drop(Kept k) {

@@ -3,7 +3,9 @@
 // are rewritten in place (no new file per snapshot), except one that a reader holds with a shared
 // flock or a pin hard-links, whose bytes stay those of its own snapshot; a rewritten step
 // (a rollback) replaces the listed one; and a writer killed with SIGKILL at random moments, mid-
-// copy included, never leaves a torn snapshot listed.
+// copy included, never leaves a torn snapshot listed. Each with the commit on the calling thread
+// and on the slots' own (commit_in_background, flushed before the files are looked at), and a
+// commit that fails: its error comes from the next call, and what was listed before stays.
 #include "train/snapshot_slots.h"
 
 #include <gtest/gtest.h>
@@ -93,15 +95,31 @@ ino_t inode(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
 }
 
-TEST(SnapshotSlots, EverySnapshotRestoresBitwiseAndSlotsAreReused) {
+// The parameter: commit_in_background.
+class SnapshotSlotsModes : public ::testing::TestWithParam<bool> {
+ protected:
+  SnapshotSlotsOptions options(int max_to_keep = 6) const {
+    return {.max_to_keep = max_to_keep, .commit_in_background = GetParam()};
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Commit, SnapshotSlotsModes, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("InTheBackground")
+                                          : std::string("OnTheCallingThread");
+                         });
+
+TEST_P(SnapshotSlotsModes, EverySnapshotRestoresBitwiseAndSlotsAreReused) {
   ShmDir dir;
   State live;
   checkpoint::Checkpoint ckpt(live.children());
-  SnapshotSlots slots(dir.path, ckpt, {.max_to_keep = 6});
+  SnapshotSlots slots(dir.path, ckpt, options(6));
   std::set<ino_t> data_inodes;
   for (int64_t step = 10; step <= 300; step += 10) {
     live.set(step);
     const std::string prefix = slots.save(step);
+    live.set(step + 1000);  // the copy is made when save() returns
+    slots.flush();
     EXPECT_EQ(prefix, dir.path + "/snap-" + std::to_string(step));
     data_inodes.insert(inode(checkpoint::data_filename(prefix, 0, 1)));
     live.set(step + 1);  // a later update never reaches the snapshot
@@ -126,15 +144,16 @@ TEST(SnapshotSlots, EverySnapshotRestoresBitwiseAndSlotsAreReused) {
   EXPECT_EQ(files, 6 * 2 + 2 + 1);
 }
 
-TEST(SnapshotSlots, AReadersLockOrAPinKeepsADroppedSnapshotsBytes) {
+TEST_P(SnapshotSlotsModes, AReadersLockOrAPinKeepsADroppedSnapshotsBytes) {
   ShmDir dir;
   State live;
   checkpoint::Checkpoint ckpt(live.children());
-  SnapshotSlots slots(dir.path, ckpt, {.max_to_keep = 2});
+  SnapshotSlots slots(dir.path, ckpt, options(2));
   live.set(1);
   const std::string first = slots.save(1);
   live.set(2);
   const std::string second = slots.save(2);
+  slots.flush();
   // The launcher's replicator reads snapshot 1 (a shared flock on its data file, held)...
   const std::string data1 = checkpoint::data_filename(first, 0, 1);
   const int fd = ::open(data1.c_str(), O_RDONLY | O_CLOEXEC);
@@ -153,6 +172,7 @@ TEST(SnapshotSlots, AReadersLockOrAPinKeepsADroppedSnapshotsBytes) {
     live.set(step);
     slots.save(step);
   }
+  slots.flush();
   // The held file was never rewritten: same bytes, and what it holds is still snapshot 1.
   std::string after(before.size(), '\0');
   ASSERT_EQ(::pread(fd, after.data(), after.size(), 0), static_cast<ssize_t>(after.size()));
@@ -165,11 +185,11 @@ TEST(SnapshotSlots, AReadersLockOrAPinKeepsADroppedSnapshotsBytes) {
   EXPECT_EQ(restored(dir.path + "/snap-19"), expected(19));
 }
 
-TEST(SnapshotSlots, ARewrittenStepReplacesTheListedOne) {
+TEST_P(SnapshotSlotsModes, ARewrittenStepReplacesTheListedOne) {
   ShmDir dir;
   State live;
   checkpoint::Checkpoint ckpt(live.children());
-  SnapshotSlots slots(dir.path, ckpt);
+  SnapshotSlots slots(dir.path, ckpt, options());
   for (int64_t step : {10, 20, 30}) {
     live.set(step);
     slots.save(step);
@@ -177,6 +197,7 @@ TEST(SnapshotSlots, ARewrittenStepReplacesTheListedOne) {
   // A rollback to 10: step 20 is taken again, with other values.
   live.set(1020);
   slots.save(20);
+  slots.flush();
   EXPECT_EQ(slots.snapshots(),
             (std::vector<std::string>{dir.path + "/snap-10", dir.path + "/snap-30",
                                       dir.path + "/snap-20"}));
@@ -194,9 +215,39 @@ TEST(SnapshotSlots, ASecondWriterOfOneDirectoryIsRefused) {
       [&] { SnapshotSlots other(dir.path, ckpt); }, {"is in use"});
 }
 
+// A commit that fails (here the index cannot take its name: a directory holds it) lists nothing
+// new and drops nothing; its error names the file, from save() itself or, committed in the
+// background, from the next call; the writer goes on with the next snapshot.
+TEST_P(SnapshotSlotsModes, AFailedCommitKeepsWhatWasListedAndSaysWhy) {
+  ShmDir dir;
+  State live;
+  checkpoint::Checkpoint ckpt(live.children());
+  SnapshotSlots slots(dir.path, ckpt, options(2));
+  live.set(1);
+  slots.save(1);
+  slots.flush();
+  fs::create_directories(dir.path + "/snap-2.index");
+  live.set(2);
+  if (GetParam()) {
+    slots.save(2);  // copied; the commit fails beside it
+    testutil::expect_throws_with<Error>([&] { slots.flush(); }, {"snap-2.index"});
+  } else {
+    testutil::expect_throws_with<Error>([&] { slots.save(2); }, {"snap-2.index"});
+  }
+  EXPECT_EQ(slots.snapshots(), std::vector<std::string>{dir.path + "/snap-1"});
+  EXPECT_EQ(checkpoint::latest_checkpoint(dir.path), dir.path + "/snap-1");
+  EXPECT_EQ(restored(dir.path + "/snap-1"), expected(1));
+  live.set(3);
+  slots.save(3);
+  slots.flush();  // the error was thrown once
+  EXPECT_EQ(slots.snapshots(),
+            (std::vector<std::string>{dir.path + "/snap-1", dir.path + "/snap-3"}));
+  EXPECT_EQ(restored(dir.path + "/snap-3"), expected(3));
+}
+
 // A writer SIGKILLed at random moments (mid-copy included: the state is 16 MB, a copy takes
 // milliseconds) never leaves a torn snapshot listed; its successor continues the retention.
-TEST(SnapshotSlots, AWriterKilledAtRandomNeverLeavesATornSnapshotListed) {
+TEST_P(SnapshotSlotsModes, AWriterKilledAtRandomNeverLeavesATornSnapshotListed) {
   ShmDir dir;
   std::mt19937 rng(15);
   int64_t first = 1;
@@ -211,12 +262,13 @@ TEST(SnapshotSlots, AWriterKilledAtRandomNeverLeavesATornSnapshotListed) {
         Variable big("big", Tensor::zeros(Shape{4 << 20}));
         int64_t step = 0;
         checkpoint::Checkpoint ckpt({{"big", big}, {"step", step}});
-        SnapshotSlots slots(dir.path, ckpt, {.max_to_keep = 3});
+        SnapshotSlots slots(dir.path, ckpt, options(3));
         for (step = first;; ++step) {
           float* p = big.tensor().data<float>();
           for (int64_t i = 0; i < big.tensor().num_elements(); ++i) p[i] = static_cast<float>(step);
           slots.save(step);
           if (step == first) {
+            slots.flush();
             const char c = 1;  // one snapshot committed: the parent may kill from now on
             (void)!::write(started[1], &c, 1);
           }

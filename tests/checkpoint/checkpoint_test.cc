@@ -20,6 +20,7 @@
 #include "dtrain/optim/adam.h"
 #include "testutil/checkpoint_state_check.h"
 #include "testutil/flip_byte.h"
+#include "testutil/small_model.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
@@ -45,17 +46,11 @@ class CheckpointTest : public ::testing::Test {
   std::vector<std::string> warnings_;
 };
 
-nn::Sequential make_model() {
-  return nn::Sequential({nn::Dense(4, {.activation = "relu", .seed = 1, .input_shape = Shape{3}}),
-                         nn::Dense(2, {.seed = 2})});
-}
+nn::Sequential make_model() { return testutil::small_model(); }
 
 // One Adam step so that the optimizer has slots and a nonzero iteration count.
 void train_step(nn::Model& model, optim::Optimizer& opt, float g) {
-  std::vector<Variable*> vars = model.trainable_variables();
-  std::vector<Tensor> grads;
-  for (Variable* v : vars) grads.push_back(Tensor::full(v->shape(), g));
-  opt.apply_gradients(grads, vars);
+  testutil::constant_gradient_step(model, opt, g);
 }
 
 std::vector<Tensor> values_of(const std::vector<Variable*>& vars) {

@@ -7,24 +7,20 @@
 #include <vector>
 
 #include "dtrain/checkpoint/checkpoint.h"
-#include "dtrain/nn/layers.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/optim/adam.h"
+#include "testutil/small_model.h"
 
 namespace dtrain::checkpoint {
 namespace {
 
 nn::Sequential make_model() {
-  nn::clear_session();
-  return nn::Sequential({nn::Dense(4, {.activation = "relu", .seed = 1, .input_shape = Shape{3}}),
-                         nn::Dense(2, {.seed = 2})});
+  nn::clear_session();  // layer names "dense", "dense_1"
+  return testutil::small_model();
 }
 
 void train_step(nn::Model& model, optim::Optimizer& opt, float g) {
-  std::vector<Variable*> vars = model.trainable_variables();
-  std::vector<Tensor> grads;
-  for (Variable* v : vars) grads.push_back(Tensor::full(v->shape(), g));
-  opt.apply_gradients(grads, vars);
+  testutil::constant_gradient_step(model, opt, g);
 }
 
 std::vector<std::string> keys_of(const Checkpoint::Contents& c) {

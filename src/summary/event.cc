@@ -11,11 +11,6 @@
 namespace dtrain::summary {
 namespace {
 
-namespace event_field = detail::event_field;
-namespace value_field = detail::value_field;
-namespace tensor_field = detail::tensor_field;
-using detail::element_count;
-
 template <class T>
 void put_le(std::string& out, T v) {
   char b[sizeof(T)];
@@ -70,7 +65,7 @@ std::string tensor_content(DType dtype, const std::vector<double>& numbers) {
 }
 
 std::string encode_tensor(const SummaryValue& v) {
-  const int64_t n = element_count(v.shape);
+  const int64_t n = detail::element_count(v.shape);
   std::string t;
   wire::put_varint_field(t, tensor_field::kDtype, static_cast<uint64_t>(v.dtype));
   std::string shape;

@@ -13,11 +13,6 @@
 namespace dtrain::summary {
 namespace {
 
-namespace event_field = detail::event_field;
-namespace value_field = detail::value_field;
-namespace tensor_field = detail::tensor_field;
-using detail::element_count;
-using detail::kMaxDecodedElements;
 using wire::Field;
 using wire::Reader;
 
@@ -201,8 +196,9 @@ void decode_tensor(std::string_view bytes, SummaryValue& v) {
   } else {
     for (const Field& f : vals) read_repeated(f, v.dtype, v.numbers);
     // TensorFlow repeats the last value when a *_val field has fewer entries than elements.
-    const int64_t n = element_count(v.shape);
-    if (n > kMaxDecodedElements) throw DataLossError("malformed TensorProto: shape too large");
+    const int64_t n = detail::element_count(v.shape);
+    if (n > detail::kMaxDecodedElements)
+      throw DataLossError("malformed TensorProto: shape too large");
     if (!v.numbers.empty() && n > static_cast<int64_t>(v.numbers.size())) {
       v.numbers.resize(static_cast<size_t>(n), v.numbers.back());
     }

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace dtrain::summary::detail {
+namespace dtrain::summary {
 
 // Field numbers (tensorboard/compat/proto/*.proto).
 namespace event_field {
@@ -23,6 +23,9 @@ constexpr int kDtype = 1, kShape = 2, kContent = 4, kHalfVal = 13, kFloatVal = 5
               kUint64Val = 17;
 }
 
+namespace detail {
+
+// The most elements a decoded tensor may have (a malformed shape allocates no more).
 constexpr int64_t kMaxDecodedElements = int64_t{1} << 26;
 
 inline int64_t element_count(const std::vector<int64_t>& shape) {
@@ -35,4 +38,5 @@ inline int64_t element_count(const std::vector<int64_t>& shape) {
   return n;
 }
 
-}  // namespace dtrain::summary::detail
+}  // namespace detail
+}  // namespace dtrain::summary

@@ -216,8 +216,8 @@ bool SnapshotSlots::matches(const checkpoint::Checkpoint::Contents& c) const {
     return false;
   for (size_t i = 0; i < c.tensors.size(); ++i) {
     const auto& [key, t] = c.tensors[i];
-    const auto& [k, ds] = layout_.values[i];
-    if (key != k || t.dtype() != ds.first || !(t.shape() == ds.second)) return false;
+    const auto& [k, e] = *layout_.values[i];
+    if (key != k || t.dtype() != e.dtype || !(t.shape() == e.shape)) return false;
   }
   return true;
 }
@@ -236,7 +236,6 @@ void SnapshotSlots::lay_out(const checkpoint::Checkpoint::Contents& c) {
   for (const auto& [key, t] : c.tensors) {
     DTRAIN_CHECK(t.defined() && t.dtype() != DType::kString, "SnapshotSlots: value '", key,
                  "' is undefined or holds strings");
-    l.values.emplace_back(key, std::make_pair(t.dtype(), t.shape()));
     const auto [it, added] = l.entries.try_emplace(key);
     DTRAIN_CHECK(added, "SnapshotSlots: two values have the key '", key, "'");
     checkpoint::BundleEntry& e = it->second;
@@ -244,7 +243,7 @@ void SnapshotSlots::lay_out(const checkpoint::Checkpoint::Contents& c) {
     e.shape = t.shape();
     e.offset = static_cast<int64_t>(l.bytes);
     e.size = static_cast<int64_t>(t.nbytes());
-    l.value_entries.push_back(&e);  // map nodes stay put, also when the map is moved
+    l.values.push_back(it);
     l.bytes += t.nbytes();
   }
   layout_ = std::move(l);
@@ -297,7 +296,7 @@ std::string SnapshotSlots::save(int64_t step) {
     std::memcpy(slot->map, layout_.graph_bytes.data(), layout_.graph_bytes.size());
     for (size_t i = 0; i < c.tensors.size(); ++i) {
       const Tensor& t = c.tensors[i].second;
-      checkpoint::BundleEntry& e = *layout_.value_entries[i];
+      checkpoint::BundleEntry& e = layout_.values[i]->second;
       // One pass: the CRC is taken of the words loaded for the copy, which streams past the
       // cache (nothing in this process reads the slot again).
       e.masked_crc32c = crc32c::mask(crc32c::extend_copy(

@@ -87,15 +87,15 @@ class SnapshotSlots {
  private:
   struct Slot;
   struct Layout {
-    std::string graph;  // the object graph it was laid out for
-    std::vector<std::pair<std::string, std::pair<DType, Shape>>> values;
+    std::string graph;        // the object graph it was laid out for
     std::string graph_bytes;  // the object graph as a DT_STRING tensor's bytes
     uint32_t graph_crc = 0;   // their CRC (unmasked)
     size_t bytes = 0;         // of the data file
     // The index's entries, laid out (the object graph first, then the values at their offsets):
-    // a snapshot only sets the values' CRCs, through `value_entries` (in `values` order).
+    // a snapshot only sets the values' CRCs, through `values` (in the contents' order; map
+    // nodes stay put, also when the map is moved).
     checkpoint::BundleEntries entries;
-    std::vector<checkpoint::BundleEntry*> value_entries;
+    std::vector<checkpoint::BundleEntries::iterator> values;
   };
   struct Kept {
     int64_t step;

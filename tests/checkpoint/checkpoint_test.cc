@@ -46,13 +46,6 @@ class CheckpointTest : public ::testing::Test {
   std::vector<std::string> warnings_;
 };
 
-nn::Sequential make_model() { return testutil::small_model(); }
-
-// One Adam step so that the optimizer has slots and a nonzero iteration count.
-void train_step(nn::Model& model, optim::Optimizer& opt, float g) {
-  testutil::constant_gradient_step(model, opt, g);
-}
-
 std::vector<Tensor> values_of(const std::vector<Variable*>& vars) {
   std::vector<Tensor> out;
   for (Variable* v : vars) out.push_back(v->tensor().clone());
@@ -67,9 +60,9 @@ void expect_bitwise_equal(const std::vector<Variable*>& vars, const std::vector<
 }
 
 TEST_F(CheckpointTest, RoundTripsModelOptimizerCountersRngAndIterator) {
-  nn::Sequential model = make_model();
+  nn::Sequential model = testutil::small_model();
   optim::Adam opt;
-  train_step(model, opt, 0.5f);
+  testutil::constant_gradient_step(model, opt, 0.5f);
   int64_t epoch = 3;
   Philox rng(42, 17);
   data::IteratorState pos{2, 5};
@@ -95,7 +88,7 @@ TEST_F(CheckpointTest, RoundTripsModelOptimizerCountersRngAndIterator) {
   const auto model_values = values_of(model.weights());
   const auto opt_values = values_of(opt.variables());
 
-  train_step(model, opt, -2.0f);
+  testutil::constant_gradient_step(model, opt, -2.0f);
   epoch = 9;
   rng.next_u64();
   pos = {7, 7};
@@ -115,9 +108,9 @@ TEST_F(CheckpointTest, RoundTripsModelOptimizerCountersRngAndIterator) {
 }
 
 TEST_F(CheckpointTest, KeysAndObjectGraphFollowTensorFlow) {
-  nn::Sequential model = make_model();
+  nn::Sequential model = testutil::small_model();
   optim::Adam opt;
-  train_step(model, opt, 0.5f);
+  testutil::constant_gradient_step(model, opt, 0.5f);
   Checkpoint ckpt({{"model", model}, {"optimizer", opt}});
   const std::string saved = ckpt.save(path("ckpt"));
   BundleReader r(saved);
@@ -288,7 +281,7 @@ TEST_F(CheckpointTest, RestoresTf2AndTf1StyleFixtures) {
 }
 
 TEST_F(CheckpointTest, UnbuiltModelFailsWithAClearErrorAndWorksOnceBuilt) {
-  nn::Sequential model = make_model();
+  nn::Sequential model = testutil::small_model();
   Checkpoint ckpt({{"model", model}});
   const std::string saved = ckpt.save(path("ckpt"));
   const auto values = values_of(model.weights());
@@ -309,14 +302,14 @@ TEST_F(CheckpointTest, UnbuiltModelFailsWithAClearErrorAndWorksOnceBuilt) {
 }
 
 TEST_F(CheckpointTest, SlotsAreCreatedOnRestoreAsKerasDoes) {
-  nn::Sequential model = make_model();
+  nn::Sequential model = testutil::small_model();
   optim::Adam opt;
-  train_step(model, opt, 0.25f);
+  testutil::constant_gradient_step(model, opt, 0.25f);
   Checkpoint ckpt({{"model", model}, {"optimizer", opt}});
   const std::string saved = ckpt.save(path("ckpt"));
   const auto slot_values = values_of(opt.variables());
 
-  nn::Sequential model2 = make_model();
+  nn::Sequential model2 = testutil::small_model();
   optim::Adam opt2;  // no slots yet
   Checkpoint ckpt2({{"model", model2}, {"optimizer", opt2}});
   ckpt2.restore(saved).assert_consumed();

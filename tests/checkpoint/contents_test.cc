@@ -19,10 +19,6 @@ nn::Sequential make_model() {
   return testutil::small_model();
 }
 
-void train_step(nn::Model& model, optim::Optimizer& opt, float g) {
-  testutil::constant_gradient_step(model, opt, g);
-}
-
 std::vector<std::string> keys_of(const Checkpoint::Contents& c) {
   std::vector<std::string> out;
   for (const auto& [key, t] : c.tensors) out.push_back(key);
@@ -41,10 +37,10 @@ const Tensor* find(const Checkpoint::Contents& c, const std::string& key) {
 TEST(CheckpointContents, ValuesAreReadAfreshAtEveryCall) {
   nn::Sequential model = make_model();
   optim::Adam opt;
-  train_step(model, opt, 0.5f);
+  testutil::constant_gradient_step(model, opt, 0.5f);
   Checkpoint ckpt({{"model", model}, {"optimizer", opt}});
   const Checkpoint::Contents first = ckpt.contents(/*count_save=*/true);
-  train_step(model, opt, 0.25f);
+  testutil::constant_gradient_step(model, opt, 0.25f);
   const Checkpoint::Contents second = ckpt.contents(/*count_save=*/true);
   EXPECT_EQ(first.graph, second.graph);
   EXPECT_EQ(keys_of(first), keys_of(second));
@@ -73,7 +69,7 @@ TEST(CheckpointContents, TheGraphFollowsVariablesThatComeAndGo) {
   model.trainable_variables();  // built
   Checkpoint ckpt({{"model", model}, {"optimizer", opt}});
   const Checkpoint::Contents before = ckpt.contents(/*count_save=*/false);
-  train_step(model, opt, 0.5f);  // creates m and v for every variable
+  testutil::constant_gradient_step(model, opt, 0.5f);  // creates m and v for every variable
   const Checkpoint::Contents with_slots = ckpt.contents(/*count_save=*/false);
   EXPECT_NE(before.graph, with_slots.graph);
   const std::vector<Variable*> vars = model.trainable_variables();

@@ -4,9 +4,13 @@
 // panels (of 16), an inner dimension long enough to run in slices, a B large enough to be packed
 // slice by slice (the column sums carried over the slices), and shapes below the size at
 // which dense_gemm hands the product to OpenBLAS; B's column sums bitwise equal to
-// ops::column_sum's. Then: the same bits for one thread and two.
+// ops::column_sum's. Then: the same bits for one thread and two, and, above the hand-off, the
+// bits of the order the header promises (each slice's terms by one FMA each in increasing l, the
+// bias after the first slice, each later slice's sum added to C), which the AVX2 and the AVX-512
+// tiles must both reproduce.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -27,7 +31,12 @@ struct Case {
 struct Result {
   std::vector<float> c, sums;
   int64_t ldc;
+  std::vector<float> exact;  // C in the promised order of operations (m · n), above the hand-off
 };
+
+// dense_gemm's hand-off to OpenBLAS and its inner slice (src/ops/panel_gemm.cc).
+constexpr int64_t kMinWork = int64_t{1} << 20;
+int64_t slice_of(int64_t k) { return k <= 512 ? std::max<int64_t>(k, 1) : 256; }
 
 Result run(const Case& t, bool check) {
   SCOPED_TRACE(testing::Message() << "ta " << t.ta << " tb " << t.tb << " m " << t.m << " n " << t.n
@@ -90,7 +99,25 @@ Result run(const Case& t, bool check) {
     }
     EXPECT_EQ(bad, 0);
   }
-  return {std::move(c), std::move(sums), ldc};
+  std::vector<float> exact;
+  if (t.m * t.n * std::max<int64_t>(t.k, 1) >= kMinWork) {
+    exact.resize(t.m * t.n);
+    const int64_t slice = slice_of(t.k);
+    for (int64_t i = 0; i < t.m; ++i) {
+      for (int64_t j = 0; j < t.n; ++j) {
+        float ci = 0.0f;
+        for (int64_t l0 = 0; l0 < std::max<int64_t>(t.k, 1); l0 += slice) {
+          float acc = 0.0f;
+          for (int64_t l = l0; l < std::min(t.k, l0 + slice); ++l) {
+            acc = std::fma(a_at(i, l), b_at(l, j), acc);
+          }
+          ci = l0 == 0 ? (t.bias ? acc + bias[j] : acc) : ci + acc;
+        }
+        exact[i * t.n + j] = ci;
+      }
+    }
+  }
+  return {std::move(c), std::move(sums), ldc, std::move(exact)};
 }
 
 const Case kCases[] = {
@@ -117,6 +144,29 @@ const Case kCases[] = {
 
 TEST(DenseGemm, MatchesADoubleReferenceAndLeavesPaddingAlone) {
   for (const Case& t : kCases) run(t, true);
+}
+
+TEST(DenseGemm, EveryElementInThePromisedOrderOfOperations) {
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const Case& t : kCases) {
+      const Result r = run(t, false);
+      if (r.exact.empty()) continue;  // OpenBLAS's product
+      int64_t bad = 0;
+      for (int64_t i = 0; i < t.m; ++i) {
+        for (int64_t j = 0; j < t.n; ++j) {
+          const float got = r.c[i * r.ldc + j], want = r.exact[i * t.n + j];
+          if (std::memcmp(&got, &want, sizeof(float)) != 0 && bad++ < 5) {
+            ADD_FAILURE() << "ta " << t.ta << " tb " << t.tb << " m " << t.m << " n " << t.n
+                          << " k " << t.k << ": C(" << i << ", " << j << ") = " << got << ", want "
+                          << want;
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0) << threads << " thread(s)";
+    }
+  }
+  set_num_threads(1);
 }
 
 TEST(DenseGemm, SameBitsForOneThreadAndTwo) {

@@ -1,6 +1,9 @@
 // small_gemm against a double-precision triple loop, for every causal part, both ways of
 // reading A (row-major and transposed), and shapes that leave partial row blocks (of 6) and
-// column chunks (of 16). Entries the causal part must not read are NaN, so reading one shows.
+// column chunks (of 16, and the AVX-512 blocks' 12 rows and pairs of chunks). Entries the causal
+// part must not read are NaN, so reading one shows. Every C(i, j) must also have the bits of its
+// terms added by one FMA each in increasing l, the order the header promises, whichever
+// instruction set the build targets.
 #include "dtrain/ops/small_gemm.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +61,12 @@ void check(int64_t m, int64_t n, int64_t k, bool transpose_a, CausalPart part,
       }
       ASSERT_NEAR(c[i * ldc + j], want, 1e-5 * (1 + std::sqrt(static_cast<double>(k))))
           << "C(" << i << ", " << j << ")";
+      float exact = accumulate ? -7.0f : 0.0f;
+      if (part != CausalPart::kColumnsUpToRow || j <= i) {
+        for (int64_t l = 0; l < k; ++l)
+          if (read(i, l)) exact = std::fma(a_at(i, l), b[l * ldb + j], exact);
+      }
+      ASSERT_EQ(c[i * ldc + j], exact) << "C(" << i << ", " << j << ") not in the promised order";
     }
     for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(c[i * ldc + j], -7.0f) << "wrote past n";
   }
@@ -73,6 +82,8 @@ TEST(SmallGemm, MatchesATripleLoopForEveryCausalPart) {
       check(37, 32, 37, transpose_a, part);  // the attention shapes: T × H over T ...
       check(37, 37, 32, transpose_a, part);  // ... and T × T over H
       check(9, 20, 3, transpose_a, part);    // non-square (the causal part by index)
+      check(48, 48, 48, transpose_a, part);  // the fused attention's blocks
+      check(30, 50, 25, transpose_a, part);  // 12-row blocks and a partial one, 3 chunks + tail
       if (part != CausalPart::kColumnsUpToRow) {
         for (int64_t size : {1, 7, 17, 40}) check(size, size, size, transpose_a, part, true);
         check(37, 32, 37, transpose_a, part, true);

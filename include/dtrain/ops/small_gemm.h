@@ -2,7 +2,8 @@
 // H = 32 or so), which OpenBLAS serves poorly: it packs both operands on every call, and cannot
 // skip the masked triangle. C = A·B with A read through two strides (so Aᵀ costs nothing) and
 // B row-major; optionally only the causal part of C or of the inner dimension. AVX2 + FMA when
-// the build targets them (a 6×16 block in 12 registers), plain loops otherwise.
+// the build targets them (a 6×16 block in 12 registers; with AVX-512 a 12×32 block in 24),
+// plain loops otherwise.
 // Thread-safe for distinct outputs; allocates nothing.
 #pragma once
 
@@ -33,8 +34,9 @@ struct SmallGemmArgs {
   bool accumulate = false;
 };
 
-// C = A·B over the part `causal` selects. Each C(i, j) sums its terms in increasing l, so the
-// result is deterministic for a given build.
+// C = A·B over the part `causal` selects. Each C(i, j) adds its terms by one FMA each in
+// increasing l (from 0, or from C's value with `accumulate`), so the bits are the same on every
+// instruction set the build may target.
 void small_gemm(const SmallGemmArgs& g);
 
 }  // namespace dtrain::ops

@@ -17,7 +17,9 @@
 // dimension runs in slices of kSliceK, each slice's sum added to C (blocked summation, as
 // OpenBLAS's own inner blocking does; the slices depend on the shape only).
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/error.h"
@@ -138,40 +140,17 @@ void tile(const TileArgs& t) {
   }
 }
 
-template <int Panels>
-void tile_rows_of(int rows, const TileArgs& t) {
-  switch (rows) {
-    case 12:
-      return tile<12, Panels>(t);
-    case 11:
-      return tile<11, Panels>(t);
-    case 10:
-      return tile<10, Panels>(t);
-    case 9:
-      return tile<9, Panels>(t);
-    case 8:
-      return tile<8, Panels>(t);
-    case 7:
-      return tile<7, Panels>(t);
-    case 6:
-      return tile<6, Panels>(t);
-    case 5:
-      return tile<5, Panels>(t);
-    case 4:
-      return tile<4, Panels>(t);
-    case 3:
-      return tile<3, Panels>(t);
-    case 2:
-      return tile<2, Panels>(t);
-    default:
-      return tile<1, Panels>(t);
-  }
+// tile<1..kRows, Panels>, indexed by rows − 1.
+template <int Panels, int... R>
+constexpr auto tiles_of(std::integer_sequence<int, R...>) {
+  return std::array<void (*)(const TileArgs&), sizeof...(R)>{&tile<R + 1, Panels>...};
 }
 
 // A tile of `rows` rows over t.cols columns (one panel or two).
 void tile_rows(int rows, const TileArgs& t) {
-  if (t.cols > kCols) return tile_rows_of<2>(rows, t);
-  tile_rows_of<1>(rows, t);
+  static constexpr auto kOne = tiles_of<1>(std::make_integer_sequence<int, kRows>{});
+  static constexpr auto kTwo = tiles_of<2>(std::make_integer_sequence<int, kRows>{});
+  (t.cols > kCols ? kTwo : kOne)[std::clamp(rows, 1, kRows) - 1](t);
 }
 #else
 template <int Rows>

@@ -4,7 +4,9 @@
 #include "dtrain/ops/small_gemm.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <utility>
 
 #include "dtrain/core/error.h"
 
@@ -135,35 +137,19 @@ void block_avx512(const SmallGemmArgs& g, int64_t i0, const BlockRanges& r, int6
   }
 }
 
+using BlockFn = void (*)(const SmallGemmArgs&, int64_t, const BlockRanges&, int64_t);
+
+// block_avx512<1..kRows, Chunks>, indexed by rows − 1.
+template <int Chunks, int... R>
+constexpr auto blocks_of(std::integer_sequence<int, R...>) {
+  return std::array<BlockFn, sizeof...(R)>{&block_avx512<R + 1, Chunks>...};
+}
+
 template <int Chunks>
 void block_avx512_rows(const SmallGemmArgs& g, int64_t i0, int rows, const BlockRanges& r,
                        int64_t j0) {
-  switch (rows) {
-    case 12:
-      return block_avx512<12, Chunks>(g, i0, r, j0);
-    case 11:
-      return block_avx512<11, Chunks>(g, i0, r, j0);
-    case 10:
-      return block_avx512<10, Chunks>(g, i0, r, j0);
-    case 9:
-      return block_avx512<9, Chunks>(g, i0, r, j0);
-    case 8:
-      return block_avx512<8, Chunks>(g, i0, r, j0);
-    case 7:
-      return block_avx512<7, Chunks>(g, i0, r, j0);
-    case 6:
-      return block_avx512<6, Chunks>(g, i0, r, j0);
-    case 5:
-      return block_avx512<5, Chunks>(g, i0, r, j0);
-    case 4:
-      return block_avx512<4, Chunks>(g, i0, r, j0);
-    case 3:
-      return block_avx512<3, Chunks>(g, i0, r, j0);
-    case 2:
-      return block_avx512<2, Chunks>(g, i0, r, j0);
-    default:
-      return block_avx512<1, Chunks>(g, i0, r, j0);
-  }
+  static constexpr auto kBlocks = blocks_of<Chunks>(std::make_integer_sequence<int, kRows>{});
+  kBlocks[std::clamp(rows, 1, kRows) - 1](g, i0, r, j0);
 }
 
 // Whole chunks [j0, j1) of a block: two at a time, then the odd one.

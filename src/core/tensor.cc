@@ -1,8 +1,11 @@
 // Tensor handles over reference-counted buffers from the caching allocator.
 #include "dtrain/core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "allocator.h"
@@ -14,6 +17,19 @@ Tensor::Tensor(DType dtype, const Shape& shape) : shape_(shape), dtype_(dtype) {
                "Tensor: cannot allocate a tensor of dtype ", dtype_name(dtype));
   header_ = detail::storage_allocate(nbytes());
   data_ = detail::storage_data(header_);
+}
+
+Tensor Tensor::with_huge_pages(DType dtype, const Shape& shape) {
+  Tensor t(dtype, shape);
+  constexpr uintptr_t kPage = 4096;
+  if (t.nbytes() >= (size_t{4} << 20)) {
+    // The whole pages inside the buffer; the advice is only a hint, so its failure (a kernel
+    // without transparent huge pages) changes nothing but the page size.
+    const auto begin = (reinterpret_cast<uintptr_t>(t.data_) + kPage - 1) & ~(kPage - 1);
+    const auto end = (reinterpret_cast<uintptr_t>(t.data_) + t.nbytes()) & ~(kPage - 1);
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  }
+  return t;
 }
 
 Tensor::Tensor(const Tensor& other)

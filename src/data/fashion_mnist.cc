@@ -35,7 +35,9 @@ Tensor load_images(const std::string& path) {
                                 ": expected uint8 [N, 28, 28] images, got ",
                                 dtype_name(raw.dtype()), " ", raw.shape().to_string()));
   }
-  Tensor x(DType::kFloat32, raw.shape());
+  // 188 MB for the training images, read by every process forked from this one (a hot spare
+  // from its fork server): huge pages (Tensor::with_huge_pages).
+  Tensor x = Tensor::with_huge_pages(DType::kFloat32, raw.shape());
   const uint8_t* src = raw.data<uint8_t>();
   float* dst = x.data<float>();
   const int64_t count = x.num_elements();

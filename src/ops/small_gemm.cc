@@ -259,8 +259,8 @@ void small_gemm(const SmallGemmArgs& g) {
     const int64_t chunk_end =
         causal_columns ? std::min((cols + kCols - 1) / kCols * kCols, g.n / kCols * kCols)
                        : g.n / kCols * kCols;
-    if (j0 < chunk_end) block_chunks(g, i0, rows, r, j0, chunk_end);
-    j0 = std::max<int64_t>(j0, chunk_end);
+    block_chunks(g, i0, rows, r, 0, chunk_end);
+    j0 = chunk_end;
 #endif
     if (j0 < cols) block_scalar(g, i0, rows, r, j0, cols);
     if (causal_columns) {

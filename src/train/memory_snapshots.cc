@@ -1,6 +1,7 @@
 // MemorySnapshots: BackupAndRestore's state into the launcher's memory (memory_snapshots.h).
 #include "memory_snapshots.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,8 +14,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/parallel_for.h"
 #include "dtrain/distribute/collectives.h"
 #include "dtrain/distribute/coordination.h"
 #include "dtrain/distribute/launcher_env.h"
@@ -222,6 +225,19 @@ MemorySnapshots::~MemorySnapshots() {
   active = false;
 }
 
+bool MemorySnapshots::spare_cpu_for_commits() {
+  int local_workers = 1;
+  if (const char* env = std::getenv(distribute::kEnvLocalWorldSize)) {
+    local_workers = std::max(1, std::atoi(env));
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
+                       ? CPU_COUNT(&set)
+                       : static_cast<int>(std::thread::hardware_concurrency());
+  return cpus > local_workers * std::max(1, intra_op_threads());
+}
+
 void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Trackable>> children) {
   for (const auto& [name, t] : children) {
     if (name == "metric_states") metric_states_ = t;
@@ -229,10 +245,15 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
   ckpt_ = std::make_unique<checkpoint::Checkpoint>(std::move(children));
   // Six: the launchers agree on the newest step that every rank holds, and the replication to
   // the neighbour may trail the other workers by a few snapshots.
-  // The commit (renames, index, state file, the oldest dropped) runs beside training: the training
-  // thread pays for the copy that isolates the state.
+  // The commit (renames, index, state file, the oldest dropped: about 17 system calls) runs
+  // beside training where a CPU is free for it, so that the training thread pays only for the copy
+  // that isolates the state. Where this node's workers' threads fill every CPU it may use, a
+  // thread beside training only takes the CPU from a training thread (its own worker's or a
+  // peer's that its next collective then waits for): there the commit runs on the training
+  // thread, which costs that worker less (docs/decisions.md, "Snapshot commits").
   slots_ = std::make_unique<SnapshotSlots>(
-      dir_, *ckpt_, SnapshotSlotsOptions{.max_to_keep = 6, .commit_in_background = true});
+      dir_, *ckpt_,
+      SnapshotSlotsOptions{.max_to_keep = 6, .commit_in_background = spare_cpu_for_commits()});
 }
 
 std::optional<std::string> MemorySnapshots::restore_agreed(checkpoint::Checkpoint& ckpt) {

@@ -17,10 +17,11 @@
 // A snapshot is a TensorFlow-format checkpoint over the very objects a backup tracks (so it
 // restores exactly what a backup restores), written by SnapshotSlots (snapshot_slots.h): the
 // training thread copies the values straight into a reused, pre-mapped tmpfs file (the copy is
-// isolated from later updates, and is the only pass over the state); a thread beside it then
-// writes the small index and commits the snapshot in the directory's state file, which is what
-// tells the launcher that a snapshot is complete. Private to src/train; used by BackupAndRestore
-// only.
+// isolated from later updates, and is the only pass over the state); then the small index is
+// written and the snapshot committed in the directory's state file, which is what tells the
+// launcher that a snapshot is complete (by a thread beside training where a CPU is free for it,
+// else on the training thread: spare_cpu_for_commits). Private to src/train; used by
+// BackupAndRestore only.
 #pragma once
 
 #include <chrono>
@@ -75,6 +76,10 @@ class MemorySnapshots {
   MemorySnapshots(std::string dir, int64_t every);
   ~MemorySnapshots();
 
+  // Whether a CPU is left for the snapshots' commits beside training: this process may run on
+  // more CPUs than this node's workers (DTRAIN_LOCAL_WORLD_SIZE, else 1) use, at
+  // intra_op_threads() each. begin() commits in the background only then.
+  static bool spare_cpu_for_commits();
   // Tracks `children` (BackupAndRestore's object graph) with a Checkpoint whose snapshots
   // SnapshotSlots writes, keeping the newest 6 in the directory.
   void begin(std::vector<std::pair<std::string, checkpoint::Trackable>> children);

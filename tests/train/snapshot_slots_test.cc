@@ -9,6 +9,7 @@
 #include "train/snapshot_slots.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -27,7 +28,10 @@
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/parallel_for.h"
+#include "dtrain/distribute/launcher_env.h"
 #include "testutil/expect_throws.h"
+#include "train/memory_snapshots.h"
 
 namespace dtrain::train {
 namespace {
@@ -309,6 +313,33 @@ TEST_P(SnapshotSlotsModes, AWriterKilledAtRandomNeverLeavesATornSnapshotListed) 
                 listed.empty() ? "-" : listed.back().c_str());
   }
   EXPECT_GT(first, 6) << "the writers committed fewer snapshots than they were started";
+}
+
+// MemorySnapshots commits in the background only where a CPU is left beside this node's workers'
+// threads (on a saturated machine the commit thread would take a training thread's CPU).
+TEST(MemorySnapshots, CommitsBesideTrainingOnlyWhereACpuIsFree) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  const int cpus = CPU_COUNT(&set);
+  const int threads = intra_op_threads();
+  struct Restore {
+    int threads;
+    ~Restore() {
+      set_intra_op_threads(threads);
+      ::unsetenv(distribute::kEnvLocalWorldSize);
+    }
+  } restore{threads};
+  set_intra_op_threads(1);
+  ::setenv(distribute::kEnvLocalWorldSize, "1", 1);
+  EXPECT_EQ(MemorySnapshots::spare_cpu_for_commits(), cpus > 1);
+  ::setenv(distribute::kEnvLocalWorldSize, std::to_string(cpus).c_str(), 1);
+  EXPECT_FALSE(MemorySnapshots::spare_cpu_for_commits())
+      << cpus << " workers on " << cpus << " CPUs";
+  ::unsetenv(distribute::kEnvLocalWorldSize);  // a worker without a launcher: one on this node
+  EXPECT_EQ(MemorySnapshots::spare_cpu_for_commits(), cpus > 1);
+  set_intra_op_threads(cpus);
+  EXPECT_FALSE(MemorySnapshots::spare_cpu_for_commits()) << "one worker with a thread per CPU";
 }
 
 }  // namespace

@@ -102,9 +102,11 @@ fortunes_corpus() {
 }
 
 # kill_loop_job_args JOB TMP: sets job_args, the `dtrain fit` arguments of the kill-loop job
-# (bench/kill_loop.sh, bench/snapshot_overhead.sh): mlp (the Fashion-MNIST MLP, batch 64) or lm
+# (bench/kill_loop.sh, bench/snapshot_overhead.sh): mlp (the Fashion-MNIST MLP, batch 64), lm
 # (a small char GPT on the fortunes text in TMP, STEPS steps per epoch, default 100; STEPS=0:
-# each epoch one pass over the text's windows, so that a long job does not run out of data).
+# each epoch one pass over the text's windows, so that a long job does not run out of data) or
+# gpt (issue 13's char GPT: 4 blocks, d_model 128, 4 heads, context 128, global batch 32, AdamW
+# 3e-4, global_clipnorm 1.0; STEPS as for lm).
 kill_loop_job_args() {
   case "$1" in
     mlp) job_args=(--batch-size 64) ;;
@@ -115,6 +117,13 @@ kill_loop_job_args() {
         --validation-split 0.01)
       if [[ ${STEPS:-100} != 0 ]]; then job_args+=(--steps-per-epoch "${STEPS:-100}"); fi
       ;;
-    *) echo "JOB must be mlp or lm, not '$1'" >&2; exit 2 ;;
+    gpt)
+      fortunes_corpus "$2/fortunes.txt"
+      job_args=(--arch gpt --corpus "$2/fortunes.txt" --context 128 --layers 4 --d-model 128
+        --heads 4 --batch-size 32 --optimizer adamw --learning-rate 3e-4 --global-clipnorm 1.0
+        --validation-split 0.01)
+      if [[ ${STEPS:-100} != 0 ]]; then job_args+=(--steps-per-epoch "${STEPS:-100}"); fi
+      ;;
+    *) echo "JOB must be mlp, lm or gpt, not '$1'" >&2; exit 2 ;;
   esac
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What in-memory snapshots cost an uninterrupted job (issue 15: "snapshot overhead <= 1 % of step
 # time at one snapshot per 10 steps"): kill_loop.sh's job (the 2-worker MultiWorkerMirrored MLP,
-# batch 64, backups every 50 steps, under `dtrain launch --nproc-per-node 2`; JOB=lm or gpt: a char
-# GPT, bench/lib.sh kill_loop_job_args) without kills, with --snapshot-every 0 and --snapshot-every S, interleaved round by round.
+# batch 64, backups every 50 steps, under `dtrain launch --nproc-per-node 2`; JOB=lm or gpt: a
+# char GPT, bench/lib.sh kill_loop_job_args) without kills, with --snapshot-every 0 and
+# --snapshot-every S, interleaved round by round.
 # With DTRAIN_A=<another dtrain binary> (e.g. a build of main) each round also runs that binary
 # both ways, so two builds' snapshot overheads are compared on the same machine state.
 # Per run: wall seconds and CPU seconds (user + system of the launcher and its workers, from

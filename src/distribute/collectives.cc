@@ -1,7 +1,8 @@
 // Collectives over Gloo: rendezvous, a full mesh of TCP pairs, bucketed all-reduce with
 // persistent buckets, and the mapping of Gloo's exceptions to dtrain's error codes; the
 // shared-memory transport (shm_transport.h) takes the collectives over when every worker is on
-// this host.
+// this host. The state is Collectives::Impl (collectives_impl.h); the reductions in a fixed
+// order of additions (summation_order, all_reduce_in_order) are in ordered_all_reduce.cc.
 #include "dtrain/distribute/collectives.h"
 
 #include <gloo/allgather.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "collectives_impl.h"
 #include "dtrain/core/error.h"
 #include "gloo_all_reduce.h"
 #include "gloo_store.h"
@@ -27,15 +29,6 @@
 
 namespace dtrain::distribute {
 namespace {
-
-// With two workers, buffers up to this size go through AllreduceRing (one send and one receive
-// of the whole buffer: the lowest latency); larger ones through gloo::allreduce.
-constexpr size_t kSmallRingBytes = size_t{1} << 20;
-// Of those, buffers up to this size run on sync-mode pairs (see Impl::sync_context). In sync
-// mode both ranks write before they read, so a buffer must fit what the sockets absorb;
-// 1 MiB passes on loopback (CollectivesTest.SyncPairRingCompletesUpToItsLargestBuffer), and
-// half of that keeps a margin on real networks. DTRAIN_GLOO_NO_BUSY_POLL=1 turns them off.
-constexpr size_t kSyncPairBytes = size_t{512} << 10;
 
 bool supported_reduce_dtype(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64;
@@ -52,145 +45,7 @@ void scale(void* ptr, DType d, size_t count, double factor) {
   }
 }
 
-bool is_timeout_message(const std::string& m) {
-  return m.find("imed out") != std::string::npos || m.find("imeout") != std::string::npos;
-}
-
 }  // namespace
-
-struct Collectives::Impl {
-  CollectiveOptions options;
-  int64_t generation = 0;
-  std::vector<PeerInfo> peers;
-  std::shared_ptr<gloo::transport::Device> device;
-  std::shared_ptr<gloo::rendezvous::Context> context;
-  // Two workers only: a second full mesh whose pairs are in Gloo's sync mode, used for the small
-  // old-style ring. The training thread then does the socket I/O itself instead of handing
-  // every message through Gloo's event-loop thread, which on a 2-core machine costs as much CPU
-  // as the training. Its reads block (the socket's receive timeout is the collective timeout)
-  // unless DTRAIN_GLOO_BUSY_POLL=1 makes them spin: spinning saves a wake-up per message when
-  // every worker has a core to itself, and starves the peer when the cores are shared (the
-  // 2-worker test job: 11 s spinning against 1.0 s blocking at load 12 on 2 cores; see
-  // docs/decisions.md). Null when not used.
-  std::shared_ptr<gloo::rendezvous::Context> sync_context;
-  std::vector<Bucket> buckets;
-  Bucket scalar_bucket;
-  std::vector<OrderedBuffer> ordered;
-  // Every worker on this host: the collectives run here instead (null otherwise).
-  std::unique_ptr<ShmTransport> shm;
-  std::vector<ShmTransport::Segment> segments;  // all_reduce's bucket, without the copy
-  std::vector<char> gathered, gathered_own;     // a scattered all_gather_v's over Gloo
-  bool broken = false;
-
-  std::string peers_text() const {
-    std::string s;
-    for (const auto& p : peers) {
-      if (!s.empty()) s += "; ";
-      s += str_cat("rank ", p.rank);
-      if (!p.task.empty()) s += " (" + p.task + ")";
-      s += str_cat(" = ", p.host, " pid ", p.pid);
-    }
-    return s;
-  }
-
-  // Names the peers whose host appears in a Gloo message ("... [127.0.0.1]:4242: ...").
-  std::string suspects(const std::string& message) const {
-    std::string s;
-    for (const auto& p : peers) {
-      if (p.rank == options.rank || p.host.empty()) continue;
-      if (message.find("[" + p.host + "]") != std::string::npos ||
-          message.find(p.host + ":") != std::string::npos) {
-        s += (s.empty() ? "" : ", ") + str_cat("rank ", p.rank);
-      }
-    }
-    return s;
-  }
-
-  [[noreturn]] void fail(const char* what, const std::string& message,
-                         const std::string& suspect = "", bool timed_out = false) {
-    broken = true;
-    if (shm) shm->abort();  // peers waiting on this worker fail now, as on a closed TCP pair
-    const std::string where = str_cat(what, " on rank ", options.rank, " of ", options.world_size,
-                                      " (generation ", generation, ")");
-    const std::string who = suspect.empty() ? suspects(message) : suspect;
-    const std::string tail =
-        str_cat(". Workers: ", peers_text(),
-                ". This collective context is unusable now; rebuild it with a new rendezvous.");
-    if (timed_out || is_timeout_message(message)) {
-      throw DeadlineExceededError(
-          str_cat(where, " timed out after ", options.timeout.count(), " ms waiting for a peer",
-                  who.empty() ? "" : " (" + who + ")", ": ", message, tail));
-    }
-    throw UnavailableError(
-        str_cat(where, " lost a peer", who.empty() ? "" : " (" + who + ")", ": ", message, tail));
-  }
-
-  template <class F>
-  void guarded(const char* what, F&& f) {
-    if (broken) {
-      throw FailedPreconditionError(
-          str_cat(what,
-                  ": the collective context failed earlier and cannot be used again; rebuild it "
-                  "with a new rendezvous"));
-    }
-    try {
-      f();
-    } catch (const dtrain::Error&) {
-      throw;
-    } catch (const ShmPeerError& e) {
-      fail(what, e.what(), str_cat("rank ", e.peer), e.timed_out);
-    } catch (const gloo::IoException& e) {
-      fail(what, e.what());
-    } catch (const gloo::Exception& e) {
-      fail(what, e.what());
-    } catch (const gloo::EnforceNotMet& e) {
-      fail(what, e.what());
-    }
-  }
-
-  AllreduceAlgorithm choose(size_t bytes) const {
-    if (options.algorithm != AllreduceAlgorithm::kAuto) return options.algorithm;
-    if (options.world_size == 2 && bytes <= kSmallRingBytes) return AllreduceAlgorithm::kRing;
-    return AllreduceAlgorithm::kReduceScatter;
-  }
-
-  // All-reduces `count` elements at `ptr`; `bucket` is the persistent state when `ptr` is its
-  // storage (old-style algorithms are bound to a buffer), or null for an in-place buffer.
-  void reduce_buffer(Bucket* bucket, void* ptr, DType d, size_t count) {
-    if (shm) {
-      const ShmTransport::Segment whole{ptr, count};
-      return shm_reduce({&whole, 1}, d, count);
-    }
-    const AllreduceAlgorithm a = choose(count * dtype_size(d));
-    if (a == AllreduceAlgorithm::kReduceScatter) {
-      new_style_allreduce(context, d, ptr, count, options.timeout);
-      return;
-    }
-    DTRAIN_INTERNAL_CHECK(bucket != nullptr && ptr == bucket->data());
-    if (!bucket->algo || bucket->algo_ptr != ptr || bucket->count != count || bucket->dtype != d ||
-        bucket->algorithm != a) {
-      const bool sync = sync_context != nullptr && a == AllreduceAlgorithm::kRing &&
-                        count * dtype_size(d) <= kSyncPairBytes;
-      bucket->algo = make_old_style(sync ? sync_context : context, a, d, ptr, count);
-      bucket->algo_ptr = ptr;
-      bucket->count = count;
-      bucket->dtype = d;
-      bucket->algorithm = a;
-    }
-    bucket->algo->run();
-  }
-
-  // The shared-memory all-reduce of `count` elements in `segments`, taken as one buffer: Gloo's
-  // ring order of additions, chunk by chunk (see summation_order).
-  void shm_reduce(std::span<const ShmTransport::Segment> segments, DType d, size_t count) {
-    const size_t elem = dtype_size(d);
-    shm->all_reduce(segments, d, ring_chunk_elements(count * elem, elem, options.world_size));
-  }
-
-  bool in_place_ok(size_t bytes) const {
-    return choose(bytes) == AllreduceAlgorithm::kReduceScatter;
-  }
-};
 
 Collectives::Collectives(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Collectives::~Collectives() {
@@ -370,92 +225,6 @@ void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
       }
       i = j;
     }
-  });
-}
-
-std::vector<std::vector<SumRange>> Collectives::summation_order(
-    std::span<const Tensor> tensors) const {
-  const Impl& m = *impl_;
-  const int n = size();
-  const AllreduceAlgorithm a = m.options.algorithm;
-  if (n >= 3 && a != AllreduceAlgorithm::kAuto && a != AllreduceAlgorithm::kReduceScatter) {
-    throw FailedPreconditionError(
-        str_cat("Collectives::summation_order: the all-reduce algorithm chosen for ", n,
-                " workers sums in an order of its own; overlapped or sharded reductions need "
-                "AllreduceAlgorithm::kAuto or kReduceScatter"));
-  }
-  std::vector<std::vector<SumRange>> out(tensors.size());
-  // Tensors [first, last) reduced as one buffer: with two workers every order gives the same
-  // bits (a + b == b + a) and the chunks below serve as owners all the same.
-  auto assign = [&](size_t first, size_t last) {
-    size_t bytes = 0;
-    for (size_t k = first; k < last; ++k) bytes += tensors[k].nbytes();
-    const size_t elem = dtype_size(tensors[first].dtype());
-    const auto chunk = static_cast<int64_t>(n == 1 ? std::max<size_t>(1, bytes / elem)
-                                                   : ring_chunk_elements(bytes, elem, n));
-    int64_t offset = 0;
-    for (size_t k = first; k < last; ++k) {
-      const int64_t count = tensors[k].num_elements();
-      for (int64_t b = 0; b < count;) {
-        const int owner = static_cast<int>(std::min<int64_t>((offset + b) / chunk, n - 1));
-        const int64_t e = owner == n - 1 ? count : std::min(count, (owner + 1) * chunk - offset);
-        out[k].push_back({b, e, owner});
-        b = e;
-      }
-      offset += count;
-    }
-  };
-  // The packing of all_reduce, step by step.
-  size_t i = 0;
-  while (i < tensors.size()) {
-    const DType d = tensors[i].dtype();
-    const size_t bytes = tensors[i].nbytes();
-    if (bytes >= m.options.bucket_bytes && m.in_place_ok(bytes)) {
-      assign(i, i + 1);
-      ++i;
-      continue;
-    }
-    size_t j = i, total = 0;
-    while (j < tensors.size() && tensors[j].dtype() == d &&
-           (j == i || total + tensors[j].nbytes() <= m.options.bucket_bytes) &&
-           !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
-      total += tensors[j].nbytes();
-      ++j;
-    }
-    assign(i, j);
-    i = j;
-  }
-  return out;
-}
-
-void Collectives::all_reduce_in_order(std::span<const OrderedPiece> pieces, DType dtype,
-                                      size_t buffer) {
-  DTRAIN_CHECK(dtype == DType::kFloat32 || dtype == DType::kFloat64, "all_reduce_in_order: dtype ",
-               dtype_name(dtype), " is not supported (float32, float64)");
-  const int n = size();
-  const size_t elem = dtype_size(dtype);
-  for (const OrderedPiece& p : pieces) {
-    DTRAIN_CHECK(p.owner >= 0 && p.owner < n && p.keep >= -1 && p.keep < n &&
-                     (p.dst != nullptr || (p.keep >= 0 && p.keep != rank())),
-                 "all_reduce_in_order: owner ", p.owner, " or keep ", p.keep,
-                 " is out of range for ", n,
-                 " workers, or a piece this worker keeps has no output");
-  }
-  if (n == 1) {
-    for (const OrderedPiece& p : pieces) {
-      if (p.src == nullptr) {
-        std::memset(p.dst, 0, p.count * elem);
-      } else if (p.src != p.dst) {
-        std::memcpy(p.dst, p.src, p.count * elem);
-      }
-    }
-    return;
-  }
-  Impl& m = *impl_;
-  m.guarded("all_reduce_in_order", [&] {
-    if (m.shm) return m.shm->all_reduce_in_order(pieces, dtype);
-    if (m.ordered.size() <= buffer) m.ordered.resize(buffer + 1);
-    ordered_ring_all_reduce(*m.context, pieces, dtype, m.ordered[buffer], m.options.timeout);
   });
 }
 

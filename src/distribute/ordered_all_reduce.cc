@@ -1,5 +1,7 @@
-// Collectives::all_reduce_in_order's ring: pieces packed by owner, a reduce-scatter along the
-// ring in Gloo's order of additions, then an all-gather.
+// Collectives' reductions in a fixed order of additions: summation_order (which worker sums
+// which range, replaying all_reduce's packing and Gloo's ring chunks), all_reduce_in_order, and
+// its ring over Gloo: pieces packed by owner, a reduce-scatter along the ring in Gloo's order of
+// additions, then an all-gather.
 #include "ordered_all_reduce.h"
 
 #include <gloo/allreduce.h>
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives_impl.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::distribute {
@@ -143,6 +146,92 @@ void ordered_ring_all_reduce(gloo::Context& context, std::span<const OrderedPiec
     if (p.keep >= 0 && p.keep != r) continue;
     std::memcpy(p.dst, base + b.at[i] * elem, p.count * elem);
   }
+}
+
+std::vector<std::vector<SumRange>> Collectives::summation_order(
+    std::span<const Tensor> tensors) const {
+  const Impl& m = *impl_;
+  const int n = size();
+  const AllreduceAlgorithm a = m.options.algorithm;
+  if (n >= 3 && a != AllreduceAlgorithm::kAuto && a != AllreduceAlgorithm::kReduceScatter) {
+    throw FailedPreconditionError(
+        str_cat("Collectives::summation_order: the all-reduce algorithm chosen for ", n,
+                " workers sums in an order of its own; overlapped or sharded reductions need "
+                "AllreduceAlgorithm::kAuto or kReduceScatter"));
+  }
+  std::vector<std::vector<SumRange>> out(tensors.size());
+  // Tensors [first, last) reduced as one buffer: with two workers every order gives the same
+  // bits (a + b == b + a) and the chunks below serve as owners all the same.
+  auto assign = [&](size_t first, size_t last) {
+    size_t bytes = 0;
+    for (size_t k = first; k < last; ++k) bytes += tensors[k].nbytes();
+    const size_t elem = dtype_size(tensors[first].dtype());
+    const auto chunk = static_cast<int64_t>(n == 1 ? std::max<size_t>(1, bytes / elem)
+                                                   : ring_chunk_elements(bytes, elem, n));
+    int64_t offset = 0;
+    for (size_t k = first; k < last; ++k) {
+      const int64_t count = tensors[k].num_elements();
+      for (int64_t b = 0; b < count;) {
+        const int owner = static_cast<int>(std::min<int64_t>((offset + b) / chunk, n - 1));
+        const int64_t e = owner == n - 1 ? count : std::min(count, (owner + 1) * chunk - offset);
+        out[k].push_back({b, e, owner});
+        b = e;
+      }
+      offset += count;
+    }
+  };
+  // The packing of all_reduce, step by step.
+  size_t i = 0;
+  while (i < tensors.size()) {
+    const DType d = tensors[i].dtype();
+    const size_t bytes = tensors[i].nbytes();
+    if (bytes >= m.options.bucket_bytes && m.in_place_ok(bytes)) {
+      assign(i, i + 1);
+      ++i;
+      continue;
+    }
+    size_t j = i, total = 0;
+    while (j < tensors.size() && tensors[j].dtype() == d &&
+           (j == i || total + tensors[j].nbytes() <= m.options.bucket_bytes) &&
+           !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
+      total += tensors[j].nbytes();
+      ++j;
+    }
+    assign(i, j);
+    i = j;
+  }
+  return out;
+}
+
+void Collectives::all_reduce_in_order(std::span<const OrderedPiece> pieces, DType dtype,
+                                      size_t buffer) {
+  DTRAIN_CHECK(dtype == DType::kFloat32 || dtype == DType::kFloat64, "all_reduce_in_order: dtype ",
+               dtype_name(dtype), " is not supported (float32, float64)");
+  const int n = size();
+  const size_t elem = dtype_size(dtype);
+  for (const OrderedPiece& p : pieces) {
+    DTRAIN_CHECK(p.owner >= 0 && p.owner < n && p.keep >= -1 && p.keep < n &&
+                     (p.dst != nullptr || (p.keep >= 0 && p.keep != rank())),
+                 "all_reduce_in_order: owner ", p.owner, " or keep ", p.keep,
+                 " is out of range for ", n,
+                 " workers, or a piece this worker keeps has no output");
+  }
+  if (n == 1) {
+    for (const OrderedPiece& p : pieces) {
+      if (p.src == nullptr) {
+        std::memset(p.dst, 0, p.count * elem);
+      } else if (p.src != p.dst) {
+        std::memcpy(p.dst, p.src, p.count * elem);
+      }
+    }
+    return;
+  }
+  Impl& m = *impl_;
+  m.guarded("all_reduce_in_order", [&] {
+    if (m.shm) return m.shm->all_reduce_in_order(pieces, dtype);
+    if (m.ordered.size() <= buffer) m.ordered.resize(buffer + 1);
+    ordered_ring_all_reduce(*m.context, pieces, dtype, m.ordered[buffer], m.options.timeout);
+  });
 }
 
 }  // namespace dtrain::distribute

@@ -21,6 +21,11 @@
 
 namespace dtrain::distribute {
 
+// The segment's layout, for shm_segment.cc (its setup) and shm_transport.cc (its use): one
+// cache line of control per rank after the header, and at most this many ranks.
+inline constexpr size_t kShmLine = 64;
+inline constexpr int kShmMaxRanks = 64;
+
 // A collective over shared memory failed: `peer` exited, left or did not arrive in time.
 struct ShmPeerError : std::runtime_error {
   ShmPeerError(int peer, bool timed_out, const std::string& message)

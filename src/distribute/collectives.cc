@@ -95,6 +95,28 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
   impl->generation = rdzv.generation;
   impl->peers = rdzv.peers;
   if (options.world_size > 1) {
+    // Every worker on this host: the shared-memory transport carries every collective, and no
+    // Gloo mesh is built (its TCP pairs, device thread and handshake cost a restarted or spare
+    // worker about 12 ms of a recovery on a 2-vCPU VM). The workers agree through the store.
+    const char* shm_env = std::getenv("DTRAIN_SHM_COLLECTIVES");
+    const AllreduceAlgorithm a = options.algorithm;
+    // An old-style algorithm with three workers or more sums in an order of its own.
+    const bool same_order = options.world_size == 2 || a == AllreduceAlgorithm::kAuto ||
+                            a == AllreduceAlgorithm::kReduceScatter;
+    std::string why_not;
+    impl->shm =
+        ShmTransport::connect(*rdzv.store,
+                              {.rank = options.rank,
+                               .world_size = options.world_size,
+                               .enabled = options.shared_memory && same_order &&
+                                          !(shm_env != nullptr && std::string(shm_env) == "0"),
+                               .region_bytes = options.bucket_bytes,
+                               .run_id = options.run_id,
+                               .generation = rdzv.generation,
+                               .timeout = options.timeout},
+                              &why_not);
+  }
+  if (options.world_size > 1 && !impl->shm) {
     const char* what = "connecting the Gloo full mesh";
     try {
       gloo::transport::tcp::attr attr;
@@ -110,25 +132,7 @@ std::unique_ptr<Collectives> Collectives::connect(const std::shared_ptr<KeyValue
       gloo::BarrierOptions barrier(impl->context);
       barrier.setTimeout(options.timeout);
       gloo::barrier(barrier);
-      const char* shm_env = std::getenv("DTRAIN_SHM_COLLECTIVES");
-      const AllreduceAlgorithm a = options.algorithm;
-      // An old-style algorithm with three workers or more sums in an order of its own.
-      const bool same_order = options.world_size == 2 || a == AllreduceAlgorithm::kAuto ||
-                              a == AllreduceAlgorithm::kReduceScatter;
-      std::string why_not;
-      impl->shm =
-          ShmTransport::connect(*rdzv.store,
-                                {.rank = options.rank,
-                                 .world_size = options.world_size,
-                                 .enabled = options.shared_memory && same_order &&
-                                            !(shm_env != nullptr && std::string(shm_env) == "0"),
-                                 .region_bytes = options.bucket_bytes,
-                                 .run_id = options.run_id,
-                                 .generation = rdzv.generation,
-                                 .timeout = options.timeout},
-                                &why_not);
-      if (!impl->shm && options.world_size == 2 &&
-          std::getenv("DTRAIN_GLOO_NO_BUSY_POLL") == nullptr) {
+      if (options.world_size == 2 && std::getenv("DTRAIN_GLOO_NO_BUSY_POLL") == nullptr) {
         impl->sync_context =
             std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
         impl->sync_context->setTimeout(options.timeout);

@@ -18,7 +18,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <span>
+#include <sstream>
 #include <thread>
 
 #include "distribute/shm_transport.h"
@@ -223,6 +225,62 @@ TEST(ShmCollectivesTest, EveryWorkerMustAgree) {
         << e.what();
   }
   unsetenv("DTRAIN_SHM_SPIN_US");
+}
+
+// TCP sockets of this process, in any state (/proc/net/tcp and tcp6 matched to this process's
+// descriptors by inode): a Gloo mesh holds a connected pair per peer.
+int tcp_sockets() {
+  std::set<std::string> inodes;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  int n = 0;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      if (inodes.count(inode) > 0) ++n;
+    }
+  }
+  return n;
+}
+
+// Where every worker uses shared memory, no Gloo mesh is built (no device, no TCP pair): a
+// restarted worker or a spare joins a generation without its handshake. With the transport
+// turned off, the same two ranks hold TCP pairs.
+TEST(ShmCollectivesTest, NoGlooMeshWhenEveryWorkerUsesSharedMemory) {
+  const int before = tcp_sockets();
+  std::atomic<int> during_shm{-1}, during_gloo{-1};
+  run_ranks(2, [&](int r, Collectives& c) {
+    EXPECT_TRUE(c.uses_shared_memory());
+    c.barrier();  // both ranks connected
+    if (r == 0) during_shm = tcp_sockets();
+    c.barrier();
+    std::vector<Tensor> ts{Tensor::full({3}, r + 1.0)};
+    c.all_reduce(ts, ReduceOp::kSum);
+    std::vector<Tensor> b{Tensor::full({5}, r + 7.0)};
+    c.broadcast(b, 1);
+    EXPECT_EQ(ts[0].to_vector<float>()[0], 3.0f);
+    EXPECT_EQ(b[0].to_vector<float>()[4], 8.0f);
+  });
+  EXPECT_EQ(during_shm.load(), before);
+  setenv("DTRAIN_SHM_COLLECTIVES", "0", 1);
+  run_ranks(2, [&](int r, Collectives& c) {
+    EXPECT_FALSE(c.uses_shared_memory());
+    c.barrier();
+    if (r == 0) during_gloo = tcp_sockets();
+    c.barrier();
+  });
+  unsetenv("DTRAIN_SHM_COLLECTIVES");
+  EXPECT_GE(during_gloo.load(), before + 2) << "the Gloo path's pairs are not seen: the count of "
+                                               "TCP sockets cannot tell the two paths apart";
 }
 
 std::string pid_ns_digits() {

@@ -101,29 +101,27 @@ fortunes_corpus() {
     sort -z | xargs -0 cat > "$1"
 }
 
+# char_gpt_args TMP CONTEXT LAYERS D_MODEL BATCH LEARNING_RATE: sets job_args, a char GPT's
+# `dtrain fit` arguments (4 heads, AdamW, global_clipnorm 1.0, 1% held out) on the fortunes text in
+# TMP, STEPS steps per epoch (default 100; STEPS=0: each epoch one pass over the text's windows).
+char_gpt_args() {
+  fortunes_corpus "$1/fortunes.txt"
+  job_args=(--arch gpt --corpus "$1/fortunes.txt" --context "$2" --layers "$3" --d-model "$4"
+    --heads 4 --batch-size "$5" --optimizer adamw --learning-rate "$6" --global-clipnorm 1.0
+    --validation-split 0.01)
+  if [[ ${STEPS:-100} != 0 ]]; then job_args+=(--steps-per-epoch "${STEPS:-100}"); fi
+}
+
 # kill_loop_job_args JOB TMP: sets job_args, the `dtrain fit` arguments of the kill-loop job
 # (bench/kill_loop.sh, bench/snapshot_overhead.sh): mlp (the Fashion-MNIST MLP, batch 64), lm
-# (a small char GPT on the fortunes text in TMP, STEPS steps per epoch, default 100; STEPS=0:
-# each epoch one pass over the text's windows, so that a long job does not run out of data) or
-# gpt (issue 13's char GPT: 4 blocks, d_model 128, 4 heads, context 128, global batch 32, AdamW
-# 3e-4, global_clipnorm 1.0; STEPS as for lm).
+# (a small char GPT: 2 blocks, d_model 64, context 64, global batch 16, learning rate 1e-3;
+# STEPS=0 keeps a long job from running out of data) or gpt (issue 13's char GPT: 4 blocks,
+# d_model 128, context 128, global batch 32, learning rate 3e-4).
 kill_loop_job_args() {
   case "$1" in
     mlp) job_args=(--batch-size 64) ;;
-    lm)
-      fortunes_corpus "$2/fortunes.txt"
-      job_args=(--arch gpt --corpus "$2/fortunes.txt" --context 64 --layers 2 --d-model 64
-        --heads 4 --batch-size 16 --optimizer adamw --learning-rate 1e-3 --global-clipnorm 1.0
-        --validation-split 0.01)
-      if [[ ${STEPS:-100} != 0 ]]; then job_args+=(--steps-per-epoch "${STEPS:-100}"); fi
-      ;;
-    gpt)
-      fortunes_corpus "$2/fortunes.txt"
-      job_args=(--arch gpt --corpus "$2/fortunes.txt" --context 128 --layers 4 --d-model 128
-        --heads 4 --batch-size 32 --optimizer adamw --learning-rate 3e-4 --global-clipnorm 1.0
-        --validation-split 0.01)
-      if [[ ${STEPS:-100} != 0 ]]; then job_args+=(--steps-per-epoch "${STEPS:-100}"); fi
-      ;;
+    lm) char_gpt_args "$2" 64 2 64 16 1e-3 ;;
+    gpt) char_gpt_args "$2" 128 4 128 32 3e-4 ;;
     *) echo "JOB must be mlp, lm or gpt, not '$1'" >&2; exit 2 ;;
   esac
 }

@@ -182,22 +182,17 @@ void Collectives::all_reduce(std::span<Tensor> tensors, ReduceOp op) {
     size_t i = 0;
     while (i < tensors.size()) {
       const DType d = tensors[i].dtype();
-      const size_t bytes = tensors[i].nbytes();
-      if (bytes >= m.options.bucket_bytes && m.in_place_ok(bytes)) {
+      bool in_place = false;
+      size_t total = 0;
+      const size_t j = m.bucket_end(tensors, i, &in_place, &total);
+      if (in_place) {
         // A big tensor is reduced where it is: no copy.
         m.reduce_buffer(nullptr, tensors[i].raw_data(), d, tensors[i].num_elements());
         if (factor != 1.0) scale(tensors[i].raw_data(), d, tensors[i].num_elements(), factor);
         ++i;
         continue;
       }
-      // Pack tensors [i, j) of dtype d into one bucket.
-      size_t j = i, total = 0;
-      while (j < tensors.size() && tensors[j].dtype() == d &&
-             (j == i || total + tensors[j].nbytes() <= m.options.bucket_bytes) &&
-             !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
-        total += tensors[j].nbytes();
-        ++j;
-      }
+      // Tensors [i, j) of dtype d go into one bucket.
       if (m.shm) {  // the same bucket, summed straight from and into the tensors
         m.segments.clear();
         for (size_t k = i; k < j; ++k) {

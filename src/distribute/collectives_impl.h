@@ -166,6 +166,27 @@ struct Collectives::Impl {
   bool in_place_ok(size_t bytes) const {
     return choose(bytes) == AllreduceAlgorithm::kReduceScatter;
   }
+
+  // all_reduce's packing, which summation_order replays: the tensors from `i` on that one
+  // reduction takes, [i, end). Alone (and `*in_place`) when tensor i is large enough to be
+  // reduced where it is; else the longest run of tensors of its dtype whose bytes fit
+  // bucket_bytes, which a large tensor always ends. `*bytes`: the run's.
+  size_t bucket_end(std::span<const Tensor> tensors, size_t i, bool* in_place,
+                    size_t* bytes) const {
+    *bytes = tensors[i].nbytes();
+    *in_place = *bytes >= options.bucket_bytes && in_place_ok(*bytes);
+    if (*in_place) return i + 1;
+    const DType d = tensors[i].dtype();
+    size_t j = i, total = 0;
+    while (j < tensors.size() && tensors[j].dtype() == d &&
+           (j == i || total + tensors[j].nbytes() <= options.bucket_bytes) &&
+           !(j > i && tensors[j].nbytes() >= options.bucket_bytes)) {
+      total += tensors[j].nbytes();
+      ++j;
+    }
+    *bytes = total;
+    return j;
+  }
 };
 
 }  // namespace dtrain::distribute

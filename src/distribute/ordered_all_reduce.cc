@@ -183,20 +183,9 @@ std::vector<std::vector<SumRange>> Collectives::summation_order(
   // The packing of all_reduce, step by step.
   size_t i = 0;
   while (i < tensors.size()) {
-    const DType d = tensors[i].dtype();
-    const size_t bytes = tensors[i].nbytes();
-    if (bytes >= m.options.bucket_bytes && m.in_place_ok(bytes)) {
-      assign(i, i + 1);
-      ++i;
-      continue;
-    }
-    size_t j = i, total = 0;
-    while (j < tensors.size() && tensors[j].dtype() == d &&
-           (j == i || total + tensors[j].nbytes() <= m.options.bucket_bytes) &&
-           !(j > i && tensors[j].nbytes() >= m.options.bucket_bytes)) {
-      total += tensors[j].nbytes();
-      ++j;
-    }
+    bool in_place = false;
+    size_t bytes = 0;
+    const size_t j = m.bucket_end(tensors, i, &in_place, &bytes);
     assign(i, j);
     i = j;
   }

@@ -52,7 +52,8 @@ struct Collectives::Impl {
   std::vector<Bucket> buckets;
   Bucket scalar_bucket;
   std::vector<OrderedBuffer> ordered;
-  // Every worker on this host: the collectives run here instead (null otherwise).
+  // Every worker on this host: the collectives run here, and no Gloo mesh is built (device,
+  // context and sync_context stay null). Null otherwise.
   std::unique_ptr<ShmTransport> shm;
   std::vector<ShmTransport::Segment> segments;  // all_reduce's bucket, without the copy
   std::vector<char> gathered, gathered_own;     // a scattered all_gather_v's over Gloo

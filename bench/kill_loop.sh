@@ -42,16 +42,27 @@ trap "${KEEP_TMP:+:} rm -rf \"\$tmp\"" EXIT
 job="${JOB:-mlp}"
 kill_loop_job_args "$job" "$tmp"
 
-# The launcher's children that are workers: not a spare standing by (started, never taken over),
-# nor the spares' fork server.
+# workers_of LAUNCHER EVENTS: sets `workers` to the launcher's children that are workers: not a
+# spare standing by (started, never taken over), nor the spares' fork server. Builtins only (see
+# bench/lib.sh).
 workers_of() {
-  local launcher=$1 events=$2 standby taken
-  standby=$({ grep -E '"kind":"spare_(started|fork_server)"' "$events" 2> /dev/null || true; } |
-    { grep -oE '"pid":[0-9]+' || true; } | cut -d: -f2 | sort)
-  taken=$({ grep -E '"kind":"spare_(takeover|lost)"' "$events" 2> /dev/null || true; } |
-    { grep -oE '"pid":[0-9]+' || true; } | cut -d: -f2 | sort)
-  standby=$(comm -23 <(echo "$standby") <(echo "$taken"))
-  comm -23 <(pgrep -P "$launcher" | sort || true) <(echo "$standby")
+  local launcher=$1 events=$2 lines=() line p
+  local -A standby=() taken=()
+  [[ -r $events ]] && mapfile -t lines < "$events"
+  for line in "${lines[@]}"; do
+    [[ $line =~ \"kind\":\"spare_(started|fork_server|takeover|lost)\" ]] || continue
+    local kind=${BASH_REMATCH[1]}
+    [[ $line =~ \"pid\":([0-9]+) ]] || continue
+    case $kind in
+      started | fork_server) standby[${BASH_REMATCH[1]}]=1 ;;
+      *) taken[${BASH_REMATCH[1]}]=1 ;;
+    esac
+  done
+  children_of "$launcher"
+  workers=()
+  for p in "${children[@]}"; do
+    [[ -n ${standby[$p]:-} && -z ${taken[$p]:-} ]] || workers+=("$p")
+  done
 }
 
 # run NAME SNAPSHOT_EVERY KILL(0|1) [ON_FAILURE [SPARES [SPARE_START]]]: prints "seconds kills
@@ -71,8 +82,8 @@ run() {
   local launcher=$! kills=0
   if [[ $kills_on == 1 ]]; then
     while kill -0 "$launcher" 2> /dev/null && ((max_kills == 0 || kills < max_kills)); do
-      sleep "$period"
-      mapfile -t workers < <(workers_of "$launcher" "$dir/events.jsonl" | grep . || true)
+      pause "$period"
+      workers_of "$launcher" "$dir/events.jsonl"
       ((${#workers[@]} > 0)) || continue
       kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
     done

@@ -125,3 +125,34 @@ kill_loop_job_args() {
     *) echo "JOB must be mlp, lm or gpt, not '$1'" >&2; exit 2 ;;
   esac
 }
+
+# The kill loops' own polling, without starting a process: on a 2-vCPU VM each fork and exec
+# (a `sleep`, a `pgrep` that scans /proc, a grep pipeline) costs milliseconds of CPU taken from
+# the job being measured, and the uninterrupted runs they are compared with pay none of it.
+# (Session 16 measured the old polling at 0.15 CPU-s per period on the Zen 5 VM.)
+
+# pause SECONDS: sleeps in `read`'s timeout on a FIFO nobody writes to (opened once per shell).
+pause() {
+  if [[ -z "${pause_fd:-}" ]]; then
+    local fifo
+    fifo=$(mktemp -u)
+    mkfifo "$fifo"
+    exec {pause_fd}<> "$fifo"
+    rm -f "$fifo"
+  fi
+  read -r -t "$1" -u "$pause_fd" _ || true
+}
+
+# children_of PID: sets `children` to PID's child processes (from /proc, no process started).
+children_of() {
+  children=()
+  read -r -a children 2> /dev/null < "/proc/$1/task/$1/children" || true
+}
+
+# runs_script PID NAME: whether an argument of PID's command line ends in NAME.
+runs_script() {
+  local args=() a
+  mapfile -d "" args 2> /dev/null < "/proc/$1/cmdline" || return 1
+  for a in "${args[@]}"; do [[ $a == *"$2" ]] && return 0; done
+  return 1
+}

@@ -42,8 +42,10 @@ run() {
   local agent=$! kills=0
   if [[ $kills_on == 1 ]]; then
     while kill -0 "$agent" 2> /dev/null && ((max_kills == 0 || kills < max_kills)); do
-      sleep "$period"
-      mapfile -t workers < <(pgrep -P "$agent" -f torch_elastic.py || true)
+      pause "$period"
+      children_of "$agent"
+      workers=()
+      for p in "${children[@]}"; do runs_script "$p" torch_elastic.py && workers+=("$p"); done
       ((${#workers[@]} > 0)) || continue
       kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
     done

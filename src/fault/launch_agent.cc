@@ -17,6 +17,7 @@
 #include "dtrain/distribute/launcher_env.h"
 #include "dtrain/fault/fault_events.h"
 #include "dtrain/fault/progress_reporter.h"
+#include "dtrain/train/standby.h"
 #include "fault/exclusion_policy.h"
 #include "fault/generation_supervisor.h"
 #include "fault/launch_events.h"
@@ -360,6 +361,8 @@ void Agent::start_spares(const Generation& g, const Worker& w) {
                    .worker_variables = kWorkerDrop,
                    .set = {str_cat(kEnvLauncherPid, "=", ::getpid())},
                    .fork_server = o_.spare_start == "fork"};
+  // Where a spare makes its first snapshot slots while it stands by (train/standby.h).
+  if (snapshots_) so.set.push_back(str_cat(train::kEnvSpareSlotRoot, "=", snapshots_->directory()));
   for (const std::string& kv : worker_variables(g, w)) {
     so.worker_variables.push_back(kv.substr(0, kv.find('=')));
   }

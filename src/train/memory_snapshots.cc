@@ -243,8 +243,6 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
     if (name == "metric_states") metric_states_ = t;
   }
   ckpt_ = std::make_unique<checkpoint::Checkpoint>(std::move(children));
-  // Six: the launchers agree on the newest step that every rank holds, and the replication to
-  // the neighbour may trail the other workers by a few snapshots.
   // The commit (renames, index, state file, the oldest dropped: about 17 system calls) runs
   // beside training where a CPU is free for it, so that the training thread pays only for the copy
   // that isolates the state. Where this node's workers' threads fill every CPU it may use, a
@@ -253,7 +251,12 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
   // thread, which costs that worker less (docs/decisions.md, "Snapshot commits").
   slots_ = std::make_unique<SnapshotSlots>(
       dir_, *ckpt_,
-      SnapshotSlotsOptions{.max_to_keep = 6, .commit_in_background = spare_cpu_for_commits()});
+      SnapshotSlotsOptions{.max_to_keep = kSnapshotsKept,
+                           .commit_in_background = spare_cpu_for_commits()});
+  if (slots_->slots_adopted() > 0) {
+    std::cerr << "BackupAndRestore: " << slots_->slots_adopted()
+              << " snapshot slots made while standing by\n";
+  }
 }
 
 std::optional<std::string> MemorySnapshots::restore_agreed(checkpoint::Checkpoint& ckpt) {

@@ -51,6 +51,10 @@ inline constexpr const char* kEnvSnapshotRestore = "DTRAIN_SNAPSHOT_RESTORE";
 inline constexpr const char* kEnvSnapshotSource = "DTRAIN_SNAPSHOT_SOURCE";
 inline constexpr const char* kEnvOnFailure = "DTRAIN_ON_FAILURE";
 inline constexpr const char* kEnvSnapshotBroadcastRoot = "DTRAIN_SNAPSHOT_BROADCAST_ROOT";
+// The snapshots each worker keeps (SnapshotSlotsOptions::max_to_keep): the launchers agree on
+// the newest step that every rank holds, and the replication to the neighbour may trail the
+// other workers by a few snapshots.
+inline constexpr int kSnapshotsKept = 6;
 // Set by a spare when its assignment arrived (train/standby.h): CLOCK_MONOTONIC seconds.
 inline constexpr const char* kEnvStandbyAssignedAt = "DTRAIN_STANDBY_ASSIGNED_AT";
 

@@ -73,19 +73,20 @@ std::pair<std::string, uint32_t> string_tensor_bytes(const std::string& s) {
 struct SnapshotSlots::Slot {
   int fd = -1;
   uint8_t* map = nullptr;
-  size_t size = 0;
-  std::string path;  // its current name
+  size_t size = 0;    // of the file
+  size_t mapped = 0;  // of the mapping: at least `size` (a slot shrunk in place keeps its map)
+  std::string path;   // its current name
 
   ~Slot() {
-    if (map != nullptr) ::munmap(map, size);
+    if (map != nullptr) ::munmap(map, mapped);
     if (fd >= 0) ::close(fd);
   }
   // Sizes the file to `bytes` (its pages allocated now: a full tmpfs fails here, never as a
   // SIGBUS in the copy) and maps it, pre-faulted.
   void resize(size_t bytes) {
-    if (map != nullptr) ::munmap(map, size);
+    if (map != nullptr) ::munmap(map, mapped);
     map = nullptr;
-    size = 0;
+    size = mapped = 0;
     if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw_file_error(errno, "resize", path);
     if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
       throw_file_error(err, "allocate", path);
@@ -93,9 +94,93 @@ struct SnapshotSlots::Slot {
     void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) throw_file_error(errno, "map", path);
     map = static_cast<uint8_t*>(m);
+    size = mapped = bytes;
+  }
+  // resize(), but within the mapping the file is resized in place and the mapping kept (its
+  // pages stay mapped and written).
+  void fit(size_t bytes) {
+    if (bytes == size) return;
+    if (map == nullptr || bytes == 0 || bytes > mapped) return resize(bytes);
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw_file_error(errno, "resize", path);
+    if (bytes > size) {
+      if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+        throw_file_error(err, "allocate", path);
+      }
+    }
     size = bytes;
   }
 };
+
+// prepare_standby_slots()'s slots until a SnapshotSlots takes them. Never destroyed: a spare's
+// preparing thread may still be running when the process exits.
+struct SnapshotSlots::StandbyPool {
+  std::mutex mu;
+  std::string dir;
+  std::vector<std::unique_ptr<Slot>> slots;
+};
+
+SnapshotSlots::StandbyPool& SnapshotSlots::standby_pool() {
+  static StandbyPool* pool = new StandbyPool;
+  return *pool;
+}
+
+int SnapshotSlots::prepare_standby_slots(const std::string& dir, size_t bytes, int count,
+                                         const std::atomic<bool>* stop) {
+  DTRAIN_CHECK(bytes > 0 && count >= 0, "SnapshotSlots::prepare_standby_slots: ", count,
+               " slots of ", bytes, " bytes");
+  const auto stopped = [stop] { return stop != nullptr && stop->load(); };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw_file_error(ec.value(), "create directory", dir);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  int kept = 0;
+  for (int i = 0; i < count && !stopped(); ++i) {
+    auto slot = std::make_unique<Slot>();
+    slot->path = (fs::path(dir) / str_cat(".standby-slot-", ::getpid(), "-", i)).string();
+    slot->fd = ::open(slot->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (slot->fd < 0) throw_file_error(errno, "create", slot->path);
+    ::flock(slot->fd, LOCK_EX | LOCK_NB);  // as take_spare()'s new slots
+    try {
+      slot->resize(bytes);
+    } catch (...) {
+      ::unlink(slot->path.c_str());
+      throw;
+    }
+    // One write per page (of the zero it holds): the mapping's entries for writing exist now.
+    for (size_t off = 0; off < bytes; off += page) {
+      reinterpret_cast<volatile uint8_t*>(slot->map)[off] = 0;
+    }
+    StandbyPool& pool = standby_pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (stopped()) {  // taken over meanwhile: the constructor that adopts may have run
+      ::unlink(slot->path.c_str());
+      break;
+    }
+    pool.dir = dir;
+    pool.slots.push_back(std::move(slot));
+    ++kept;
+  }
+  return kept;
+}
+
+void SnapshotSlots::adopt_standby_slots() {
+  StandbyPool& pool = standby_pool();
+  std::lock_guard<std::mutex> lock(pool.mu);
+  for (auto& slot : pool.slots) {
+    const std::string path =
+        (fs::path(dir_) / str_cat(slot_stem(options_.name), ::getpid(), "-", next_slot_++))
+            .string();
+    if (::rename(slot->path.c_str(), path.c_str()) != 0) {  // another filesystem, say
+      ::unlink(slot->path.c_str());
+      continue;
+    }
+    slot->path = path;
+    spares_.push_back(std::move(slot));
+    ++slots_adopted_;
+  }
+  pool.slots.clear();
+  if (!pool.dir.empty()) ::rmdir(pool.dir.c_str());  // empty by now, unless still preparing
+}
 
 SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
                              SnapshotSlotsOptions options)
@@ -117,6 +202,7 @@ SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
         str_cat("snapshot directory ", dir_, " is in use: another process holds its lock ", lock));
   }
   remove_leftovers(dir_, options_.name);
+  adopt_standby_slots();
   // A predecessor's committed snapshots stay listed and are dropped in turn, as a
   // CheckpointManager continues the retention of its state file.
   std::ifstream state(fs::path(dir_) / kStateFile);
@@ -266,7 +352,7 @@ std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
   }
   if (slot->size != layout_.bytes) {
     try {
-      slot->resize(layout_.bytes);
+      slot->fit(layout_.bytes);
     } catch (...) {
       ::unlink(slot->path.c_str());
       throw;

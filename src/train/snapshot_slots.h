@@ -32,6 +32,7 @@
 // Thread-compatible: one thread calls save().
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -83,9 +84,29 @@ class SnapshotSlots {
   // Slot files created so far (a measure of the reuse: stays at max_to_keep + 1 when nothing
   // holds dropped snapshots).
   int64_t slots_created() const { return slots_created_; }
+  // Slots taken over from prepare_standby_slots() (not counted in slots_created()).
+  int64_t slots_adopted() const { return slots_adopted_; }
+
+  // A hot spare's slots (train/standby.h), made while it stands by. Where every new mapping
+  // pays for the first write of each of its pages (a VM with shadow paging: about 4.5 µs per
+  // 4 KiB page, MAP_POPULATE or not), a newcomer's first max_to_keep + 1 snapshots into new
+  // slots are slow steps that the survivors wait for at the next collective (session 16: 16 ms
+  // of a takeover's cost with the MLP's 1.2 MB state); slots mapped and written beforehand cost
+  // nothing then. Makes up to `count` slot files of `bytes` each in `dir` (created), each sized,
+  // mapped and written once, and keeps them, mapped, for this process's next SnapshotSlots,
+  // whose constructor takes them (renamed into its directory) as its first spare slots: one
+  // larger than a snapshot is shrunk in place, one smaller is remapped as usual. Stops before
+  // the next slot once `stop` is set; a slot finished after that is removed. Returns the number
+  // kept. Throws file errors naming the path (a full tmpfs: ResourceExhaustedError).
+  static int prepare_standby_slots(const std::string& dir, size_t bytes, int count,
+                                   const std::atomic<bool>* stop = nullptr);
 
  private:
   struct Slot;
+  struct StandbyPool;
+  static StandbyPool& standby_pool();
+  // The constructor's part: prepare_standby_slots()'s slots, renamed into dir_, as spares.
+  void adopt_standby_slots();
   struct Layout {
     std::string graph;        // the object graph it was laid out for
     std::string graph_bytes;  // the object graph as a DT_STRING tensor's bytes
@@ -131,6 +152,7 @@ class SnapshotSlots {
   std::deque<Kept> kept_;                      // committed, oldest first
   std::vector<std::unique_ptr<Slot>> spares_;  // locked, unlinked from any snapshot name
   int64_t slots_created_ = 0;
+  int64_t slots_adopted_ = 0;
   int64_t next_slot_ = 0;
   // commit_in_background: the thread and the one commit it is handed at a time. Everything
   // above is touched by the committer only while `pending_` is set, by save() only when not.

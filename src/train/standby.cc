@@ -4,7 +4,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,15 +16,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
+#include "memory_snapshots.h"
+#include "snapshot_slots.h"
 
 namespace dtrain::train {
 namespace {
@@ -222,6 +228,56 @@ void serve_spare_forks(const std::string& fd_text) {
   }
 }
 
+// Set when the assignment arrives: the slot-preparing thread makes no more slots.
+std::atomic<bool> g_assigned{false};
+
+// The largest snapshot data file in the workers' directories under `root` (the size of a
+// worker's snapshot of this job); 0 when there is none yet.
+size_t largest_snapshot_data(const std::string& root) {
+  namespace fs = std::filesystem;
+  static const std::string kData = ".data-00000-of-00001";
+  size_t largest = 0;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(root, ec)) {
+    if (!d.is_directory(ec)) continue;
+    for (const auto& f : fs::directory_iterator(d.path(), ec)) {
+      const std::string n = f.path().filename().string();
+      if (n.size() <= kData.size() || n.compare(n.size() - kData.size(), kData.size(), kData) != 0)
+        continue;
+      const auto bytes = f.file_size(ec);
+      if (!ec) largest = std::max(largest, static_cast<size_t>(bytes));
+    }
+  }
+  return largest;
+}
+
+// A spare's first snapshot slots (SnapshotSlots::prepare_standby_slots), made on a thread of
+// their own at nice 19 while the spare waits (where the workers fill every CPU the thread gets
+// about 1.5% of one: its 10-odd ms of work take the workers little; SCHED_IDLE would take
+// nothing but may never run on a busy machine), and taken over by its first SnapshotSlots after
+// the assignment. Nothing when the job takes no in-memory snapshots, none exists yet (the spare
+// started with the job), or tmpfs has less than twice the room free.
+void prepare_snapshot_slots(int id) {
+  const char* root = std::getenv(kEnvSpareSlotRoot);
+  if (root == nullptr || *root == '\0') return;
+  const size_t bytes = largest_snapshot_data(root);
+  const int count = kSnapshotsKept + 1;
+  struct statvfs fs {};
+  if (bytes == 0 || ::statvfs(root, &fs) != 0 ||
+      static_cast<double>(fs.f_bavail) * fs.f_frsize < 2.0 * count * bytes) {
+    return;
+  }
+  const std::string dir = str_cat(root, "/.spare-", id, "-", ::getpid());
+  std::thread([dir, bytes, count] {
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);  // this thread only
+    try {
+      SnapshotSlots::prepare_standby_slots(dir, bytes, count, &g_assigned);
+    } catch (const Error& e) {
+      std::cerr << "standby: no snapshot slots made ahead: " << e.what() << "\n";
+    }
+  }).detach();
+}
+
 }  // namespace
 
 bool is_standby() {
@@ -239,6 +295,7 @@ std::optional<StandbyAssignment> await_standby_assignment() {
   const std::string service = required(kEnvSpareService);
   const std::string key = required(kEnvSpareKey);
   StandbyAssignment a{.spare = id};
+  prepare_snapshot_slots(id);
   std::vector<std::string> unset, set;
   auto assigned = std::chrono::steady_clock::now();
   {
@@ -269,6 +326,8 @@ std::optional<StandbyAssignment> await_standby_assignment() {
                                   "' is not {\"rank\", \"generation\", \"unset\", \"set\"}"));
     }
   }  // the client (and its threads' use of the environment) ends before the environment changes
+  // (the slot-preparing thread reads none of it)
+  g_assigned = true;
   for (const std::string& name : unset) ::unsetenv(name.c_str());
   for (const std::string& kv : set) {
     const size_t eq = kv.find('=');

@@ -13,6 +13,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -236,6 +237,23 @@ class LaunchSpares : public ::testing::Test {
       taken_ += static_cast<int>(of_kind(all_events(), "spare_takeover").size() - takeovers_before);
     }
     return kills;
+  }
+
+  // The slot files that spares standing by made ahead under the launcher's snapshot root
+  // (<root>/dtrain-snapshots-*/.spare-<id>-<pid>/.standby-slot-*).
+  int standby_slot_files() const {
+    namespace fs = std::filesystem;
+    int n = 0;
+    std::error_code ec;
+    for (const auto& keeper : fs::directory_iterator(dir_ + "/shm", ec)) {
+      for (const auto& d : fs::directory_iterator(keeper.path(), ec)) {
+        if (d.path().filename().string().rfind(".spare-", 0) != 0) continue;
+        for (const auto& f : fs::directory_iterator(d.path(), ec)) {
+          n += f.path().filename().string().rfind(".standby-slot-", 0) == 0 ? 1 : 0;
+        }
+      }
+    }
+    return n;
   }
 
   // The job's end: exit 0 and every rank's variables bitwise equal to `ref`.
@@ -538,6 +556,29 @@ TEST_F(LaunchSpares, SparesAreForkedFromOneServerAndExecWhenItIsLost) {
   EXPECT_TRUE(lost);
   EXPECT_TRUE(of_kind(all, "spare_lost").empty()) << "the server's loss is no spare's";
   EXPECT_EQ(read_file(dir_ + "/job.log").find("was not re-parented"), std::string::npos);
+}
+
+// A spare started once snapshots exist makes its first snapshot slots while it stands by
+// (sized as the workers' snapshots, beside their directories) and takes them when it takes over
+// a rank; the job still ends bitwise equal to the reference. The first spare, started with the
+// job before any snapshot, has nothing to size them by.
+TEST_F(LaunchSpares, ASpareMakesItsSnapshotSlotsWhileStandingBy) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, 1);
+  std::mt19937 rng(2718);
+  ASSERT_EQ(kill_rounds(p, 2, 1, 1, 1, rng, 50, 100), 1) << log_tail(read_file(dir_ + "/job.log"));
+  // Spare 1, started after that takeover: its slots (kSnapshotsKept + 1 = 7) appear at nice 19.
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline && standby_slot_files() < 7) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(standby_slot_files(), 7) << log_tail(read_file(dir_ + "/job.log"));
+  ASSERT_EQ(kill_rounds(p, 2, 1, 1, 1, rng, 50, 100), 1) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, 2);
+  check_taken_over(2, 2);
+  const std::string log = read_file(dir_ + "/job.log");
+  EXPECT_NE(log.find("snapshot slots made while standing by"), std::string::npos) << log_tail(log);
 }
 
 // --spare-start exec: each spare is a process of its own.

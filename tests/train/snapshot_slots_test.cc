@@ -315,6 +315,74 @@ TEST_P(SnapshotSlotsModes, AWriterKilledAtRandomNeverLeavesATornSnapshotListed) 
   EXPECT_GT(first, 6) << "the writers committed fewer snapshots than they were started";
 }
 
+// The files directly in `dir`.
+int files_in(const std::string& dir) {
+  int n = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); ++it) ++n;
+  return n;
+}
+
+// A hot spare's slots, made while it stands by (prepare_standby_slots), are the first slots of
+// its SnapshotSlots: taken into its directory (renamed, their mappings kept), shrunk in place to
+// a snapshot's size, and no new slot is made while they last; what they hold restores bitwise.
+TEST_P(SnapshotSlotsModes, SlotsMadeWhileStandingByAreTheFirstOnesUsed) {
+  ShmDir dir, fresh_dir, later_dir;
+  const std::string standby = (fs::path(dir.path).parent_path() / ".spare-0-1").string();
+  EXPECT_EQ(SnapshotSlots::prepare_standby_slots(standby, 64 * 1024, 3), 3);
+  EXPECT_EQ(files_in(standby), 3);
+  State live;
+  checkpoint::Checkpoint ckpt(live.children());
+  SnapshotSlots slots(dir.path, ckpt, options(2));
+  EXPECT_EQ(slots.slots_adopted(), 3);
+  EXPECT_FALSE(fs::exists(standby)) << "the spare's directory is left behind";
+  for (int64_t step = 10; step <= 100; step += 10) {
+    live.set(step);
+    slots.save(step);
+    live.set(step + 1000);
+    for (const std::string& p : slots.snapshots()) {
+      const int64_t s = std::stoll(p.substr(p.rfind('-') + 1));
+      EXPECT_EQ(restored(p), expected(s)) << p << " after saving step " << step;
+    }
+  }
+  EXPECT_EQ(slots.slots_created(), 0) << "three slots (two kept, one written) serve them all";
+  // The data files have the size a new slot gets.
+  SnapshotSlots fresh(fresh_dir.path, ckpt, options(2));
+  EXPECT_EQ(fresh.slots_adopted(), 0) << "the standby slots went to the first SnapshotSlots";
+  const std::string fresh_prefix = fresh.save(5);
+  fresh.flush();
+  EXPECT_EQ(fs::file_size(checkpoint::data_filename(dir.path + "/snap-100", 0, 1)),
+            fs::file_size(checkpoint::data_filename(fresh_prefix, 0, 1)));
+  EXPECT_LT(fs::file_size(checkpoint::data_filename(fresh_prefix, 0, 1)), 64u * 1024);
+  EXPECT_EQ(fresh.slots_created(), 1);
+}
+
+// Standby slots smaller than a snapshot are resized to it; once the assignment stops the
+// preparation, no slot is made or kept.
+TEST(SnapshotSlots, StandbySlotsTooSmallAreResizedAndAStoppedPreparationMakesNone) {
+  ShmDir dir;
+  const fs::path root = fs::path(dir.path).parent_path();
+  EXPECT_EQ(SnapshotSlots::prepare_standby_slots((root / ".spare-1-1").string(), 4096, 2), 2);
+  State live;
+  checkpoint::Checkpoint ckpt(live.children());
+  {
+    SnapshotSlots slots(dir.path, ckpt, {.max_to_keep = 1});
+    EXPECT_EQ(slots.slots_adopted(), 2);
+    live.set(7);
+    const std::string prefix = slots.save(7);
+    EXPECT_EQ(restored(prefix), expected(7));
+    EXPECT_GT(fs::file_size(checkpoint::data_filename(prefix, 0, 1)), 4096u);
+    EXPECT_EQ(slots.slots_created(), 0);
+  }
+  const std::atomic<bool> stop{true};
+  EXPECT_EQ(SnapshotSlots::prepare_standby_slots((root / ".spare-2-1").string(), 4096, 5, &stop),
+            0);
+  EXPECT_EQ(files_in((root / ".spare-2-1").string()), 0);
+  ShmDir other;
+  SnapshotSlots none(other.path, ckpt, {.max_to_keep = 1});
+  EXPECT_EQ(none.slots_adopted(), 0);
+}
+
 // MemorySnapshots commits in the background only where a CPU is left beside this node's workers'
 // threads (on a saturated machine the commit thread would take a training thread's CPU).
 TEST(MemorySnapshots, CommitsBesideTrainingOnlyWhereACpuIsFree) {

@@ -15,8 +15,8 @@
 // and fit() restores the agreed snapshot from the launcher's tmpfs, as a restarted worker does.
 // Outside a spare, a no-op.
 //
-// Fork server (`dtrain launch --spare-start fork`; exec is the default): the launcher starts one more copy
-// of the command, with DTRAIN_SPARE=fork-server and DTRAIN_SPARE_FORK_FD (one end of a
+// Fork server (`dtrain launch --spare-start fork`; exec is the default): the launcher starts one
+// more copy of the command, with DTRAIN_SPARE=fork-server and DTRAIN_SPARE_FORK_FD (one end of a
 // SOCK_SEQPACKET socket to the launcher). It loads its data and builds its model like a spare, and
 // in await_standby_assignment() it becomes the job's spare factory: for each request from the
 // launcher ("fork <id> <key>", with the new spare's stdout and stderr as SCM_RIGHTS) it forks a
@@ -38,6 +38,11 @@ inline constexpr const char* kEnvSpare = "DTRAIN_SPARE";
 inline constexpr const char* kEnvSpareService = "DTRAIN_SPARE_SERVICE";
 inline constexpr const char* kEnvSpareKey = "DTRAIN_SPARE_KEY";
 inline constexpr const char* kEnvSpareForkFd = "DTRAIN_SPARE_FORK_FD";
+// The launcher's snapshot directory on this node (its workers' snapshot directories are under
+// it), when the job takes in-memory snapshots: a spare standing by makes its first snapshot
+// slots there, sized as the workers' snapshots, on a thread at nice 19
+// (SnapshotSlots::prepare_standby_slots).
+inline constexpr const char* kEnvSpareSlotRoot = "DTRAIN_SPARE_SLOT_ROOT";
 // DTRAIN_SPARE's value for the fork server.
 inline constexpr const char* kSpareForkServer = "fork-server";
 

@@ -74,7 +74,7 @@ run() {
   mkdir -p "$dir"
   local start end
   start=$(date +%s.%N)
-  "$dtrain" launch --nproc-per-node 2 --max-restarts 100 --grace-period 1 \
+  DTRAIN_STEP_TIMES="$dir/steps" "$dtrain" launch --nproc-per-node 2 --max-restarts 100 --grace-period 1 \
     --snapshot-every "$snap" --on-failure "$mode" --spares "$spares" --spare-start "$spare_start" \
     --event-log "$dir/events.jsonl" -- \
     "$dtrain" fit --strategy multi-worker --epochs "$epochs" "${job_args[@]}" --seed 0 \
@@ -85,7 +85,8 @@ run() {
       pause "$period"
       workers_of "$launcher" "$dir/events.jsonl"
       ((${#workers[@]} > 0)) || continue
-      kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
+      local victim=${workers[RANDOM % ${#workers[@]}]}
+      kill -9 "$victim" 2> /dev/null && kills=$((kills + 1)) && echo "$victim $EPOCHREALTIME" >> "$dir/kills"
     done
   fi
   wait "$launcher"
@@ -101,34 +102,39 @@ run() {
   local cpu
   times > "$dir/times"  # in this shell: a pipeline's subshell would have no children
   cpu=$(tail -1 "$dir/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%.2f", s }')
-  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost $recovery $cpu"
+  local inrun="- -"
+  if [[ -s $dir/kills && -s $dir/steps ]]; then
+    read -r n median _ _ < <(python3 bench/failure_cost.py "$dir/steps" "$dir/kills")
+    inrun="$median $n"
+  fi
+  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost $recovery $cpu $inrun"
 }
 
-read -r t0 _ a0 _ _ c0 < <(run clean 0 0)
-read -r t0s _ _ _ _ c0s < <(run clean_snapshots "$every" 0)
+read -r t0 _ a0 _ _ c0 _ < <(run clean 0 0)
+read -r t0s _ _ _ _ c0s _ < <(run clean_snapshots "$every" 0)
 # MODES (comma-separated: disk,memory,survivors,spares,spares_exec; default all) picks the
 # modes to run; the uninterrupted rows always run.
 want() { [[ -z "${MODES:-}" || ",$MODES," == *",$1,"* ]]; }
 rows=()
 if want disk; then
-  read -r t k a l r c < <(run disk 0 1)
-  rows+=("disk (today, backups every 50)|$t|$k|$l|$r|$a|$c|$c0")
+  read -r t k a l r c m n < <(run disk 0 1)
+  rows+=("disk (today, backups every 50)|$t|$k|$l|$r|$a|$c|$c0|$m|$n")
 fi
 if want memory; then
-  read -r t k a l r c < <(run memory "$every" 1)
-  rows+=("memory (snapshots every $every)|$t|$k|$l|$r|$a|$c|$c0s")
+  read -r t k a l r c m n < <(run memory "$every" 1)
+  rows+=("memory (snapshots every $every)|$t|$k|$l|$r|$a|$c|$c0s|$m|$n")
 fi
 if want survivors; then
-  read -r t k a l r c < <(run survivors "$every" 1 survivors)
-  rows+=("survivors (snapshots every $every)|$t|$k|$l|$r|$a|$c|$c0s")
+  read -r t k a l r c m n < <(run survivors "$every" 1 survivors)
+  rows+=("survivors (snapshots every $every)|$t|$k|$l|$r|$a|$c|$c0s|$m|$n")
 fi
 if want spares; then
-  read -r t k a l r c < <(run spares "$every" 1 survivors 1)
-  rows+=("spares (survivors + --spares 1)|$t|$k|$l|$r|$a|$c|$c0s")
+  read -r t k a l r c m n < <(run spares "$every" 1 survivors 1)
+  rows+=("spares (survivors + --spares 1)|$t|$k|$l|$r|$a|$c|$c0s|$m|$n")
 fi
 if want spares_exec; then
-  read -r t k a l r c < <(run spares_exec "$every" 1 survivors 1 exec)
-  rows+=("spares, --spare-start exec|$t|$k|$l|$r|$a|$c|$c0s")
+  read -r t k a l r c m n < <(run spares_exec "$every" 1 survivors 1 exec)
+  rows+=("spares, --spare-start exec|$t|$k|$l|$r|$a|$c|$c0s|$m|$n")
 fi
 torch_rows=()
 if [[ -z "${NO_TORCH:-}" && -x /usr/bin/torchrun ]]; then
@@ -138,17 +144,21 @@ echo "job: $job; load average: $(cut -d' ' -f1-3 /proc/loadavg); $(getconf _NPRO
   ((max_kills > 0)) && echo ", at most $max_kills kills")"
 # cpu_s/failure: CPU time beyond the uninterrupted run's with snapshots (or without, for the disk
 # row), per kill: what a failure costs in CPU, which a loaded machine does not change much.
-printf '%-34s %8s %6s %9s %9s %10s %11s %9s %8s %13s\n' mode wall_s kills goodput s/failure \
-  lost_steps recovery_s accuracy cpu_s cpu_s/failure
-printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s\n' "uninterrupted" "$t0" 0 "100.0%" - - - \
-  "$a0" "$c0" -
-printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s\n' "uninterrupted, snapshots every $every" \
-  "$t0s" 0 "$(echo "100 * $t0 / $t0s" | bc -l | xargs printf '%.1f%%')" - - - - "$c0s" -
+# in_run_s/failure (kills measured): the median cost of a failure measured inside the run from
+# the workers' step times (bench/failure_cost.py): on a VM whose speed drifts from one run to the
+# next by more than the failures cost, steadier than s/failure, which sets the run's wall time
+# against another run's.
+printf '%-34s %8s %6s %9s %9s %10s %11s %9s %8s %13s %21s\n' mode wall_s kills goodput s/failure \
+  lost_steps recovery_s accuracy cpu_s cpu_s/failure "in_run_s/failure (n)"
+printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s %21s\n' "uninterrupted" "$t0" 0 "100.0%" - - \
+  - "$a0" "$c0" - -
+printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s %21s\n' "uninterrupted, snapshots every $every" \
+  "$t0s" 0 "$(echo "100 * $t0 / $t0s" | bc -l | xargs printf '%.1f%%')" - - - - "$c0s" - -
 for row in "${rows[@]}"; do
-  IFS='|' read -r name t k l r a c base <<< "$row"
-  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s %8s %13.3f\n' "$name" "$t" "$k" \
+  IFS='|' read -r name t k l r a c base m n <<< "$row"
+  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s %8s %13.3f %21s\n' "$name" "$t" "$k" \
     "$(echo "100 * $t0 / $t" | bc -l)" "$(echo "($t - $t0) / ($k + (${k} == 0))" | bc -l)" "$l" \
-    "$r" "$a" "$c" "$(echo "($c - $base) / ($k + (${k} == 0))" | bc -l)"
+    "$r" "$a" "$c" "$(echo "($c - $base) / ($k + (${k} == 0))" | bc -l)" "$m ($n)"
 done
 # phases NAME: the mean (min-max) seconds after detection of each phase of the newcomers'
 # snapshot_restore events with "source":"survivor".

@@ -137,3 +137,26 @@ TEST_F(CliTest, UnknownFlagIsAUsageError) {
 }
 
 }  // namespace
+
+// DTRAIN_STEP_TIMES (train/step_observer.h): a line "<pid> <step> <unix time>" per step, steps in
+// order and times not decreasing; more than one block of 64, and the last partial block written
+// at exit.
+TEST_F(CliTest, StepTimesListEveryStep) {
+  write_idx("x.idx", "y.idx", 200, -1);
+  const std::string times = path("steps");
+  const Result r = dtrain::testutil::run_shell(
+      "DTRAIN_STEP_TIMES=" + times + " " + std::string(DTRAIN_BINARY_DIR) + "/dtrain fit" +
+      " --train-images " + path("x.idx") + " --train-labels " + path("y.idx") +
+      " --epochs 3 --batch-size 8 --verbose 0 --seed 1 2>&1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(times);
+  long long pid = 0, step = 0, expect = 1;
+  double t = 0, last = 0;
+  while (in >> pid >> step >> t) {
+    EXPECT_EQ(step, expect++);
+    EXPECT_GE(t, last);
+    last = t;
+  }
+  EXPECT_EQ(expect - 1, 3 * 25) << "three epochs of 25 steps";
+  EXPECT_GT(last, 1.7e9) << "a Unix time";
+}

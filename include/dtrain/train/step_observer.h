@@ -3,6 +3,12 @@
 // can observe progress without train depending on them. The observer must be cheap and must
 // not block or throw. Thread-safe: set_step_observer may race with fit(); the observer is called
 // on the thread that runs fit().
+//
+// DTRAIN_STEP_TIMES=<file> (a measurement aid, read once): every process that trains also appends
+// "<pid> <global step> <unix time, ns resolution>" to <file> for each step, in blocks of 64 lines
+// and at a normal exit (a process killed with SIGKILL loses at most its last 63). Several
+// processes may share one file (O_APPEND). bench/kill_loop.sh computes each failure's cost from
+// it (bench/failure_cost.py).
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,13 @@
 // MemorySnapshots: BackupAndRestore's state into the launcher's memory (memory_snapshots.h).
 #include "memory_snapshots.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/parallel_for.h"
@@ -38,10 +41,11 @@ std::atomic<bool> restored{false};
 
 namespace fs = std::filesystem;
 
-// A snapshot's files (`<prefix>.index`, `<prefix>.data-*`) as one blob for the broadcast:
-// per file, its name's length (8 bytes), the name, its size (8 bytes) and its bytes. Empty when
-// a file cannot be read (the receivers fall back to the launcher's copy).
-std::string pack_snapshot(const std::string& prefix) {
+// A snapshot's files (`<prefix>.index`, `<prefix>.data-*`) as one blob for the broadcast, read
+// straight into the tensor that is broadcast: per file, its name's length (8 bytes), the name,
+// its size (8 bytes) and its bytes. Undefined when a file cannot be read (the receivers fall
+// back to the launcher's copy).
+Tensor pack_snapshot(const std::string& prefix) {
   const fs::path dir = fs::path(prefix).parent_path();
   const std::string base = fs::path(prefix).filename().string();
   std::vector<std::string> names;
@@ -52,18 +56,36 @@ std::string pack_snapshot(const std::string& prefix) {
   }
   std::sort(names.begin(), names.end());
   if (ec || std::find(names.begin(), names.end(), base + ".index") == names.end()) return {};
-  std::string blob;
-  const auto put = [&blob](uint64_t v) { blob.append(reinterpret_cast<const char*>(&v), 8); };
+  std::vector<uint64_t> sizes;
+  int64_t total = 0;
   for (const std::string& name : names) {
-    std::ifstream in(dir / name, std::ios::binary);
-    std::ostringstream bytes;
-    bytes << in.rdbuf();
-    if (!in) return {};
-    const std::string b = std::move(bytes).str();
-    put(name.size());
-    blob += name;
-    put(b.size());
-    blob += b;
+    sizes.push_back(fs::file_size(dir / name, ec));
+    if (ec) return {};
+    total += static_cast<int64_t>(16 + name.size() + sizes.back());
+  }
+  Tensor blob(DType::kUInt8, Shape{total});
+  uint8_t* at = blob.data<uint8_t>();
+  const auto put = [&at](uint64_t v) {
+    std::memcpy(at, &v, 8);
+    at += 8;
+  };
+  for (size_t i = 0; i < names.size(); ++i) {
+    put(names[i].size());
+    std::memcpy(at, names[i].data(), names[i].size());
+    at += names[i].size();
+    put(sizes[i]);
+    const int fd = ::open((dir / names[i]).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return {};
+    uint64_t done = 0;
+    while (done < sizes[i]) {
+      const ssize_t n = ::pread(fd, at + done, sizes[i] - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      done += static_cast<uint64_t>(n);
+    }
+    ::close(fd);
+    if (done != sizes[i]) return {};  // shorter than its size a moment ago
+    at += sizes[i];
   }
   return blob;
 }
@@ -161,6 +183,8 @@ NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
   }
   DTRAIN_CHECK(next.generation > generation && !next.restore.empty(), "fit: the launcher's ",
                "announcement ", key, " = '", text, "' names no later generation and snapshot");
+  // Read now: the newcomers are still connecting, and this worker waits for them next.
+  if (next.state_root >= 0) next.packed = pack_snapshot(next.restore);
   return next;
 }
 
@@ -291,17 +315,17 @@ void MemorySnapshots::share_state(distribute::Collectives& collectives) {
   if (!to_share_ || to_share_->state_root < 0) return;
   const int root = to_share_->state_root;
   const bool sender = collectives.rank() == root;
-  std::string blob;
-  if (sender) blob = pack_snapshot(to_share_->restore);
+  Tensor blob = std::move(to_share_->packed);
+  if (sender && !blob.defined()) blob = pack_snapshot(to_share_->restore);
   Tensor size(DType::kInt64, Shape{1});
-  size.data<int64_t>()[0] = sender ? (blob.empty() ? -1 : static_cast<int64_t>(blob.size())) : 0;
+  size.data<int64_t>()[0] = sender ? (blob.defined() ? blob.dim(0) : -1) : 0;
   std::vector<Tensor> header{size};
   collectives.broadcast(header, root);
   const int64_t n = header[0].data<int64_t>()[0];
   if (n > 0) {
     // Every member takes part; the other survivors hold the state already and drop the copy.
-    std::vector<Tensor> body{Tensor(DType::kUInt8, Shape{n})};
-    if (sender) std::memcpy(body[0].raw_data(), blob.data(), blob.size());
+    if (!blob.defined() || blob.dim(0) != n) blob = Tensor(DType::kUInt8, Shape{n});
+    std::vector<Tensor> body{std::move(blob)};
     collectives.broadcast(body, root);
   }
   if (sender) {

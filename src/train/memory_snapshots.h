@@ -68,6 +68,10 @@ struct NextGeneration {
   std::string source;       // where it came from, for the log
   int state_root = -1;      // the survivor that broadcasts the snapshot to the newcomers; -1: none
   double announced_at = 0;  // when it came (CLOCK_MONOTONIC seconds), for the phases' report
+  // With a state_root: the snapshot's files as the broadcast's blob, read as the announcement
+  // came, while the newcomers still start (the sender's copy to send, another survivor's buffer
+  // for the broadcast); undefined when they cannot be read.
+  Tensor packed;
 };
 
 class MemorySnapshots {

@@ -178,11 +178,11 @@ for m in survivors spares spares_exec; do
   if want "$m"; then phases "$m"; fi
 done
 if ((${#torch_rows[@]} == 2)); then
-  read -r tt0 _ ta0 _ _ <<< "${torch_rows[0]}"
-  read -r tt tk ta tl _ <<< "${torch_rows[1]}"
-  printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s\n' "torchrun uninterrupted" "$tt0" 0 "100.0%" - - \
-    - "$ta0"
-  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s\n' "torchrun (torch.save every 50)" "$tt" \
-    "$tk" "$(echo "100 * $tt0 / $tt" | bc -l)" "$(echo "($tt - $tt0) / ($tk + ($tk == 0))" | bc -l)" \
-    "$tl" - "$ta"
+  read -r tt0 _ ta0 _ _ _ _ <<< "${torch_rows[0]}"
+  read -r tt tk ta tl _ tm tn <<< "${torch_rows[1]}"
+  printf '%-34s %8.2f %6s %9s %9s %10s %11s %9s %8s %13s %21s\n' "torchrun uninterrupted" "$tt0" 0 \
+    "100.0%" - - - "$ta0" - - -
+  printf '%-34s %8.2f %6s %8.1f%% %9.3f %10s %11s %9s %8s %13s %21s\n' \
+    "torchrun (torch.save every 50)" "$tt" "$tk" "$(echo "100 * $tt0 / $tt" | bc -l)" \
+    "$(echo "($tt - $tt0) / ($tk + ($tk == 0))" | bc -l)" "$tl" - "$ta" - - "$tm ($tn)"
 fi

@@ -19,6 +19,7 @@ Usage: torchrun ... bench/torch_elastic.py JOB EPOCHS CKPT_DIR EVERY PROGRESS [S
 import gzip
 import os
 import sys
+import time
 
 import numpy as np
 import torch
@@ -134,7 +135,7 @@ def main():
             opt.step()
             step += 1
             if log:
-                log.write(f"at {step}\n")
+                log.write(f"at {step} {time.time():.6f}\n")
             if rank == 0 and step % every == 0:
                 tmp = path + ".tmp"
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),

@@ -47,7 +47,8 @@ run() {
       workers=()
       for p in "${children[@]}"; do runs_script "$p" torch_elastic.py && workers+=("$p"); done
       ((${#workers[@]} > 0)) || continue
-      kill -9 "${workers[RANDOM % ${#workers[@]}]}" 2> /dev/null && kills=$((kills + 1))
+      local victim=${workers[RANDOM % ${#workers[@]}]}
+      kill -9 "$victim" 2> /dev/null && kills=$((kills + 1)) && echo "$victim $EPOCHREALTIME" >> "$dir/kills"
     done
   fi
   wait "$agent"
@@ -58,19 +59,29 @@ run() {
   # step the killed group reached.
   lost=$(awk '$1 == "at" { last = $2 } $1 == "resumed" { if (started) lost += last - $2; started = 1 }
     END { print lost + 0 }' "$dir/progress")
-  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost -"
+  # Each failure's cost inside the run (bench/failure_cost.py), from rank 0's step times.
+  local inrun="- -"
+  if [[ -s $dir/kills ]]; then
+    awk '$1 == "at" && NF == 3 { print 0, $2, $3 }' "$dir/progress" > "$dir/steps"
+    read -r n median _ _ < <(python3 bench/failure_cost.py "$dir/steps" "$dir/kills")
+    inrun="$median $n"
+  fi
+  echo "$(echo "$end - $start" | bc) $kills ${acc:-?} $lost - $inrun"
 }
 
-read -r t0 _ a0 _ _ < <(run clean 0)
-read -r tk k ak lk _ < <(run kills 1)
+read -r t0 _ a0 _ _ _ < <(run clean 0)
+read -r tk k ak lk _ mk nk < <(run kills 1)
 if [[ -n "${RAW:-}" ]]; then
   # For bench/kill_loop.sh, which prints the rows beside its own.
-  echo "$t0 0 $a0 0 -"
-  echo "$tk $k $ak $lk -"
+  echo "$t0 0 $a0 0 - - -"
+  echo "$tk $k $ak $lk - $mk $nk"
 else
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); kill every ${period} s"
-  printf '%-40s %8s %6s %9s %9s %10s %9s\n' mode wall_s kills goodput s/failure lost_steps accuracy
-  printf '%-40s %8.2f %6s %9s %9s %10s %9s\n' "torchrun uninterrupted" "$t0" 0 "100.0%" - - "$a0"
-  printf '%-40s %8.2f %6s %8.1f%% %9.3f %10s %9s\n' "torchrun (torch.save every $every)" "$tk" "$k" \
-    "$(echo "100 * $t0 / $tk" | bc -l)" "$(echo "($tk - $t0) / ($k + ($k == 0))" | bc -l)" "$lk" "$ak"
+  printf '%-40s %8s %6s %9s %9s %10s %9s %21s\n' mode wall_s kills goodput s/failure lost_steps \
+    accuracy "in_run_s/failure (n)"
+  printf '%-40s %8.2f %6s %9s %9s %10s %9s %21s\n' "torchrun uninterrupted" "$t0" 0 "100.0%" - - \
+    "$a0" -
+  printf '%-40s %8.2f %6s %8.1f%% %9.3f %10s %9s %21s\n' "torchrun (torch.save every $every)" "$tk" \
+    "$k" "$(echo "100 * $t0 / $tk" | bc -l)" "$(echo "($tk - $t0) / ($k + ($k == 0))" | bc -l)" \
+    "$lk" "$ak" "$mk ($nk)"
 fi

@@ -1,5 +1,7 @@
-// InputLayer, Dense, Flatten, Dropout, Activation.
+// InputLayer, Dense, Flatten, Dropout, Activation, Masking.
 #include "dtrain/nn/layers.h"
+
+#include <algorithm>
 
 #include "config.h"
 #include "dtrain/autograd/functions.h"
@@ -190,6 +192,53 @@ std::string Activation::config_json() const {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+Masking::Masking(float mask_value, MaskingOptions options)
+    : Layer(name_or_default(options.name, "masking")), mask_value_(mask_value) {
+  if (options.input_shape) {
+    set_input_shape(*options.input_shape);
+    build(*options.input_shape);
+  }
+}
+
+void Masking::build_impl(const Shape& input_shape) {
+  DTRAIN_CHECK(input_shape.rank() == 2, "Masking '", name(),
+               "': expected inputs of rank 3 [batch, time, features] (dtrain's masks are [batch, "
+               "time]), got [batch, ",
+               input_shape.to_string().substr(1));
+}
+
+Tensor Masking::step_mask(const Tensor& x) const {
+  DTRAIN_CHECK(x.rank() == 3 && x.dtype() == DType::kFloat32, "Masking '", name(),
+               "': expected float32 inputs of rank 3 [batch, time, features], got ",
+               dtype_name(x.dtype()), " ", x.shape().to_string());
+  const int64_t steps = x.dim(0) * x.dim(1), features = x.dim(2);
+  Tensor m = Tensor::zeros(Shape{x.dim(0), x.dim(1)});
+  const float* in = x.data<float>();
+  float* out = m.data<float>();
+  for (int64_t s = 0; s < steps; ++s) {
+    const float* f = in + s * features;
+    // not_equal, as Keras: NaN differs from everything, a NaN mask_value from every feature.
+    out[s] = std::any_of(f, f + features, [v = mask_value_](float e) { return e != v; });
+  }
+  return m;
+}
+
+Tensor Masking::call(const Tensor& x, bool) {
+  const Tensor m = step_mask(x);
+  return multiply(x, reshape(m, Shape{x.dim(0), x.dim(1), 1}));  // dx = dy on unmasked steps
+}
+
+Tensor Masking::compute_mask(const Tensor& x, const Tensor&) const { return step_mask(x); }
+
+std::string Masking::config_json() const {
+  json c = detail::base_config(*this);
+  add_batch_input_shape(*this, c);
+  c["mask_value"] = mask_value_;
+  return c.dump();
+}
+
+// ---------------------------------------------------------------------------------------------
 // Rebuilding from Keras configs.
 
 namespace {
@@ -234,6 +283,13 @@ std::shared_ptr<Layer> activation_from_config(const json& c, const std::string& 
       ActivationOptions{.name = detail::str_field(c, "name", where)});
 }
 
+std::shared_ptr<Layer> masking_from_config(const json& c, const std::string& where) {
+  return std::make_shared<Masking>(
+      static_cast<float>(detail::number_field(c, "mask_value", where, 0.0)),
+      MaskingOptions{.input_shape = detail::declared_input_shape(c, where),
+                     .name = detail::str_field(c, "name", where)});
+}
+
 }  // namespace
 
 namespace detail {
@@ -243,6 +299,7 @@ void register_core_layers(LayerRegistry& registry) {
   registry.add("Flatten", flatten_from_config);
   registry.add("Dropout", dropout_from_config);
   registry.add("Activation", activation_from_config);
+  registry.add("Masking", masking_from_config);
 }
 }  // namespace detail
 

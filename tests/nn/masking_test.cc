@@ -21,6 +21,7 @@
 #include "dtrain/nn/merging.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/nn/normalization.h"
+#include "dtrain/nn/output_mask.h"
 #include "dtrain/nn/pooling.h"
 #include "dtrain/nn/recurrent.h"
 #include "testutil/expect_throws.h"
@@ -301,6 +302,107 @@ TEST(Masking, WrongMaskShapesNameTheLayer) {
                                            {"GlobalAveragePooling1D 'gap': the mask"});
   Bidirectional bi(LSTM(2, {.return_sequences = true}), {.name = "bi"});
   expect_throws_with<InvalidArgumentError>([&] { bi.call_masked(x, bad, false); }, {"the mask"});
+}
+
+// Masking(mask_value): a step whose features all equal the value is masked and zeroed; a step
+// with one feature different is not; the gradient passes to the unmasked steps only.
+TEST(Masking, MaskingLayerMasksTheStepsOfTheMaskValue) {
+  const float nan = std::nanf("");
+  Tensor x = Tensor::from_vector<float>(
+      {1, 2, 0, 0, 0, 0, 0, 3, 0, -1, -1, -1, 4, -1, 5, nan, 1, 1}, Shape{2, 3, 3});
+  Masking zero;
+  const Tensor y = zero(x);
+  const Tensor m = zero.compute_mask(x, Tensor());
+  ASSERT_EQ(m.shape(), (Shape{2, 3}));
+  const std::vector<float> want_mask = {1, 0, 1, 1, 1, 1};
+  for (int64_t s = 0; s < 6; ++s) {
+    EXPECT_EQ(m.data<float>()[s], want_mask[s]) << s;
+    for (int64_t f = 0; f < 3; ++f) {
+      const float in = x.data<float>()[s * 3 + f], out = y.data<float>()[s * 3 + f];
+      if (want_mask[s] == 0) {
+        EXPECT_EQ(out, 0.0f) << s;
+      } else if (std::isnan(in)) {
+        EXPECT_TRUE(std::isnan(out)) << s;
+      } else {
+        EXPECT_EQ(out, in) << s;
+      }
+    }
+  }
+  // mask_value -1: only the second sample's first step; an incoming mask is replaced.
+  Masking minus_one(-1.0f, {.name = "pad"});
+  const Tensor m1 = minus_one.compute_mask(x, Tensor::ones(Shape{2, 3}));
+  EXPECT_TRUE(m1.equals(Tensor::from_vector<float>({1, 1, 1, 0, 1, 1}, Shape{2, 3})));
+  // A NaN mask_value masks nothing (not_equal is true for NaN).
+  EXPECT_TRUE(Masking(nan).compute_mask(x, Tensor()).equals(Tensor::ones(Shape{2, 3})));
+
+  const Tensor r = random_tensor(Shape{2, 3, 3}, 30);
+  Tensor gx;
+  {
+    GradientTape tape;
+    tape.watch(x);
+    gx = tape.gradient(reduce_sum(multiply(zero(x), r)), x);
+  }
+  for (int64_t i = 0; i < 18; ++i) {
+    EXPECT_EQ(gx.data<float>()[i], want_mask[i / 3] * r.data<float>()[i]) << i;
+  }
+
+  expect_throws_with<InvalidArgumentError>(
+      [&] {
+        Masking(0.0f, {.name = "flat"})(Tensor::ones(Shape{2, 3}));
+      },
+      {"Masking 'flat': expected inputs of rank 3 [batch, time, features]", "got [batch, 3]"});
+}
+
+// Masking → LSTM, in Sequential and rebuilt from Keras's JSON: a right-padded row gives what the
+// same model gives on the row without its padding (the LSTM skips the masked steps).
+TEST(Masking, MaskingBeforeAnLstmSkipsThePaddedSteps) {
+  Tensor x = random_tensor(Shape{3, 5, 2}, 31);
+  const std::vector<int64_t> lens = {5, 3, 1};
+  for (int64_t b = 0; b < 3; ++b) {
+    for (int64_t t = lens[b]; t < 5; ++t) {
+      for (int64_t f = 0; f < 2; ++f) x.data<float>()[(b * 5 + t) * 2 + f] = -1.0f;
+    }
+  }
+  // The LSTM pins the sequence length it is built for: each reference is a fresh model with the
+  // same seed (the same weights).
+  auto make = [](int64_t steps) {
+    return Sequential({Masking(-1.0f, {.input_shape = Shape{steps, 2}}), LSTM(3, {.seed = 32})});
+  };
+  Sequential model = make(5);
+  const Tensor y = model(x);
+  ASSERT_EQ(y.shape(), (Shape{3, 3}));
+  for (int64_t b = 0; b < 3; ++b) {
+    Sequential ref_model = make(lens[b]);
+    const Tensor ref = ref_model(prefix(x, b, lens[b]));
+    expect_near_all(prefix(reshape(y, Shape{3, 1, 3}), b, 1), ref.data<float>(), 3, 1e-6f, "row");
+  }
+  // Without the Masking layer the padding counts.
+  Sequential plain({LSTM(3, {.seed = 32})}), plain_short({LSTM(3, {.seed = 32})});
+  EXPECT_GT(std::fabs(plain(x).data<float>()[6] - plain_short(prefix(x, 2, 1)).data<float>()[0]),
+            1e-4);
+
+  // The config Keras 2 writes for Masking, and back.
+  const nlohmann::json cfg = nlohmann::json::parse(model.to_json());
+  const nlohmann::json& mc = cfg["config"]["layers"][1];  // [0] is the InputLayer
+  EXPECT_EQ(mc["class_name"], "Masking");
+  EXPECT_EQ(mc["config"]["mask_value"], -1.0);
+  const std::unique_ptr<Model> back = model_from_json(model.to_json());
+  EXPECT_EQ(back->to_json(), model.to_json());
+  const auto a = model.weights(), w = back->weights();
+  ASSERT_EQ(a.size(), w.size());
+  for (size_t i = 0; i < a.size(); ++i) w[i]->assign(a[i]->tensor());
+  EXPECT_TRUE((*back)(x).equals(y));
+  // Keras 3's form of the layer (a DTypePolicy, no batch shape).
+  const std::unique_ptr<Model> k3 = model_from_json(R"({"class_name": "Sequential", "config": {
+    "name": "s", "layers": [
+    {"class_name": "InputLayer", "config": {"batch_shape": [null, 5, 2], "dtype": "float32",
+     "sparse": false, "name": "input_layer"}},
+    {"module": "keras.layers", "class_name": "Masking", "config": {"name": "masking",
+     "trainable": true, "dtype": {"module": "keras", "class_name": "DTypePolicy",
+     "config": {"name": "float32"}, "registered_name": null}, "mask_value": -1.0},
+     "registered_name": null}]}})");
+  const Tensor k3_mask = nn::call_with_output_mask(*k3, x, false).second;
+  EXPECT_TRUE(k3_mask.equals(length_mask(lens, 5)));
 }
 
 // Sequential: Embedding(mask_zero) → Dense → LayerNormalization → Dropout → LSTM: each padded

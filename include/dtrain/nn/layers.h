@@ -1,4 +1,4 @@
-// The core Keras layers: InputLayer, Dense, Flatten, Dropout, Activation.
+// The core Keras layers: InputLayer, Dense, Flatten, Dropout, Activation, Masking.
 // Thread-safety as for Layer.
 #pragma once
 
@@ -154,6 +154,41 @@ class Activation : public Layer {
 
  private:
   ops::Activation activation_;
+};
+
+struct MaskingOptions {
+  std::optional<Shape> input_shape = std::nullopt;  // per-example [time, features] (builds now)
+  std::string name = {};                            // default "masking", "masking_1", ...
+};
+
+// Marks padding in a sequence of feature vectors (keras.layers.Masking): a step whose features
+// all equal mask_value is masked. The output is the input with the masked steps zeroed, and its
+// mask ([batch, time], 1 where any feature differs from mask_value, as Keras's not_equal: a NaN
+// mask_value masks nothing) goes to the layers after it (LSTM/GRU skip the masked steps,
+// GlobalAveragePooling1D and MultiHeadAttention leave them out). Takes inputs of rank 3 [batch,
+// time, features] only: dtrain's masks are [batch, time] (Keras also accepts other ranks).
+class Masking : public Layer {
+ public:
+  explicit Masking(float mask_value = 0.0f, MaskingOptions options = {});
+  std::string class_name() const override { return "Masking"; }
+  bool supports_masking() const override { return true; }
+  Tensor call(const Tensor& x, bool training) override;
+  // The mask made from `x`; an incoming mask is replaced, as Keras's Masking does.
+  Tensor compute_mask(const Tensor& x, const Tensor& mask) const override;
+  std::string config_json() const override;
+  float mask_value() const { return mask_value_; }
+
+ protected:
+  void build_impl(const Shape& input_shape) override;
+  // No weights: any [time, features].
+  bool accepts_input_shape(const Shape& built_for, const Shape& input_shape) const override {
+    return same_rank_and_trailing(built_for, input_shape, 0);
+  }
+
+ private:
+  // 1 where any feature of a step differs from mask_value: float32 [batch, time].
+  Tensor step_mask(const Tensor& x) const;
+  float mask_value_;
 };
 
 }  // namespace dtrain::nn

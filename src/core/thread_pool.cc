@@ -1,6 +1,7 @@
 // ThreadPool: one job at a time, indices handed out under a mutex.
 #include "dtrain/core/thread_pool.h"
 
+#include "dtrain/core/cpus.h"
 #include "dtrain/core/float_env.h"
 
 namespace dtrain {
@@ -83,9 +84,6 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
   if (err) std::rethrow_exception(err);
 }
 
-int hardware_concurrency() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n == 0 ? 1 : static_cast<int>(n);
-}
+int hardware_concurrency() { return usable_cpus(); }
 
 }  // namespace dtrain

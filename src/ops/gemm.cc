@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "dtrain/core/cpus.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/float_env.h"
 #include "dtrain/core/parallel_for.h"
@@ -46,12 +47,28 @@ bool gemm_on_team() {
   return setting == GemmThreads::kTeam;
 }
 
-// parallel_for's team starts with OpenBLAS's own count (OPENBLAS_NUM_THREADS, else the cores),
-// so that a program that never calls set_num_threads runs every kernel on the same threads;
-// in team mode OpenBLAS itself then runs single-threaded.
+// parallel_for's team starts with OpenBLAS's own count, so that a program that never calls
+// set_num_threads runs every kernel on the same threads; in team mode OpenBLAS itself then runs
+// single-threaded. OpenBLAS's count is the variable a user set (OPENBLAS_NUM_THREADS,
+// GOTO_NUM_THREADS, OMP_NUM_THREADS), else the host's CPUs, which a container's CPU quota does
+// not reduce: without a variable the team is capped at usable_cpus().
+bool thread_count_variable_set() {
+  for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && std::atoi(v) > 0) return true;
+  }
+  return false;
+}
+
 const bool g_intra_op_synced = [] {
-  set_intra_op_threads(openblas_get_num_threads());
-  if (gemm_threads_setting() == GemmThreads::kTeam) openblas_set_num_threads(1);
+  const int n = std::max(1, openblas_get_num_threads());
+  const int team = thread_count_variable_set() ? n : std::min(n, usable_cpus());
+  set_intra_op_threads(team);
+  if (gemm_threads_setting() == GemmThreads::kTeam) {
+    openblas_set_num_threads(1);
+  } else if (team != n) {
+    openblas_set_num_threads(team);
+  }
   return true;
 }();
 

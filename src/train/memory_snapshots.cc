@@ -2,7 +2,6 @@
 #include "memory_snapshots.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,9 +15,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 #include <utility>
 
+#include "dtrain/core/cpus.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/parallel_for.h"
 #include "dtrain/distribute/collectives.h"
@@ -254,12 +253,7 @@ bool MemorySnapshots::spare_cpu_for_commits() {
   if (const char* env = std::getenv(distribute::kEnvLocalWorldSize)) {
     local_workers = std::max(1, std::atoi(env));
   }
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
-                       ? CPU_COUNT(&set)
-                       : static_cast<int>(std::thread::hardware_concurrency());
-  return cpus > local_workers * std::max(1, intra_op_threads());
+  return usable_cpus() > local_workers * std::max(1, intra_op_threads());
 }
 
 void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Trackable>> children) {

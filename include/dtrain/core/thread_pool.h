@@ -42,7 +42,8 @@ class ThreadPool {
   bool stop_ = false;                                 // guarded by mu_
 };
 
-// Number of hardware threads, at least 1.
+// CPUs this process may use: usable_cpus() (dtrain/core/cpus.h), its affinity mask capped by
+// its cgroup CPU quota; at least 1.
 int hardware_concurrency();
 
 }  // namespace dtrain

@@ -41,14 +41,12 @@ void register_pooling_layers(LayerRegistry& registry);        // pooling.cc
 void register_activation_layers(LayerRegistry& registry);     // activations.cc
 void register_normalization_layers(LayerRegistry& registry);  // normalization.cc
 void register_reshaping_layers(LayerRegistry& registry);      // reshaping.cc
-void register_core_layers(LayerRegistry& registry);           // layers.cc
 void register_merging_layers(LayerRegistry& registry);        // merging.cc
+void register_embedding_layers(LayerRegistry& registry);      // embedding.cc
+void register_attention_layers(LayerRegistry& registry);      // attention.cc
+void register_recurrent_layers(LayerRegistry& registry);      // recurrent.cc
 // "Functional" and "Model" (nested models), in functional_config.cc.
 void register_functional_layers(LayerRegistry& registry);
-void register_core_layers(LayerRegistry& registry);       // layers.cc
-void register_embedding_layers(LayerRegistry& registry);  // embedding.cc
-void register_attention_layers(LayerRegistry& registry);  // attention.cc
-void register_recurrent_layers(LayerRegistry& registry);  // recurrent.cc
 // TransformerBlock and GPT, in transformer.cc.
 void register_transformer_layers(LayerRegistry& registry);
 

@@ -11,6 +11,9 @@
 
 namespace dtrain::checkpoint::detail {
 
+// kTensorBundleVersion: the producer version the writer records and the newest the reader takes.
+inline constexpr int kBundleVersion = 1;
+
 // The bytes of `<prefix>.index`: the BundleHeaderProto for `num_shards` under the empty key, then
 // every entry in key order, as a LevelDB table without compression or filter (block size 256 KiB,
 // restart interval 16, as TF's table builder). `where` names the writer in errors.

@@ -15,9 +15,13 @@ function(dtrain_add_library layer)
   target_link_libraries(dtrain_${layer} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 
-# dtrain_add_test(SRC file LIBS ... LABELS ...): one test executable per test file.
+# dtrain_add_test(SRC file LIBS ... LABELS ... [TIMEOUT s] [PER_TEST]): one test executable per
+# test file, one ctest test for it; with PER_TEST, one ctest test per gtest test in it (named
+# <target>.<Suite>.<Test>, listed when the executable is built), each with its own TIMEOUT: for
+# files whose tests each run a whole job, so that a loaded machine slows each one within its own
+# budget and ctest -j can run them side by side.
 function(dtrain_add_test src)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "PER_TEST" "TIMEOUT" "LIBS;LABELS" ${ARGN})
   get_filename_component(name ${src} NAME_WE)
   get_filename_component(dir ${src} DIRECTORY)
   get_filename_component(layer ${dir} NAME)
@@ -28,12 +32,18 @@ function(dtrain_add_test src)
   target_compile_definitions(${target} PRIVATE
     DTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
     DTRAIN_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  add_test(NAME ${target} COMMAND ${target} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  if(ARG_PER_TEST)
+    include(GoogleTest)
+    gtest_discover_tests(${target} TEST_PREFIX "${target}." WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+      PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} DISCOVERY_TIMEOUT 60)
+    return()
+  endif()
+  add_test(NAME ${target} COMMAND ${target} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(${target} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
 endfunction()

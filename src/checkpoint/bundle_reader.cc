@@ -108,6 +108,61 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
     }
     ::close(fd);
   }
+  parse_index(index, index_path);
+  // Open every shard and check that each entry lies inside it, so that a truncated data file is
+  // reported now, naming the first tensor it cut.
+  std::vector<int64_t> sizes;
+  for (int s = 0; s < num_shards_; ++s) {
+    const std::string path = data_filename(prefix_, s, num_shards_);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      for (int f : fds_) ::close(f);
+      fds_.clear();
+      throw DataLossError(str_cat("checkpoint ", prefix_, ": data file ", path,
+                                  " cannot be opened: ", std::strerror(err)));
+    }
+    fds_.push_back(fd);
+    const Hold hold = hold_file(fd, path);
+    if (hold == Hold::kRecycled) {
+      for (int f : fds_) ::close(f);
+      fds_.clear();
+      throw_recycled(path);
+    }
+    protected_ = protected_ && hold == Hold::kHeld;
+    struct stat st_buf;
+    if (::fstat(fd, &st_buf) == 0) {
+      sizes.push_back(static_cast<int64_t>(st_buf.st_size));
+      file_ids_.emplace_back(st_buf.st_dev, st_buf.st_ino);
+    } else {
+      sizes.push_back(0);
+    }
+  }
+  try {
+    check_extents(sizes);
+  } catch (...) {
+    for (int f : fds_) ::close(f);
+    fds_.clear();
+    throw;
+  }
+}
+
+BundleReader::BundleReader(std::string prefix, BundleBytes bytes)
+    : prefix_(std::move(prefix)), protected_(true) {
+  const std::string index_path = index_filename(prefix_);
+  parse_index(std::string(bytes.index), index_path);
+  if (static_cast<int>(bytes.shards.size()) != num_shards_) {
+    throw DataLossError(str_cat("checkpoint ", prefix_, " has ", bytes.shards.size(),
+                                " data shard(s) in memory; its index names ", num_shards_));
+  }
+  std::vector<int64_t> sizes;
+  for (const std::string_view shard : bytes.shards)
+    sizes.push_back(static_cast<int64_t>(shard.size()));
+  bytes_ = std::move(bytes);
+  check_extents(sizes);
+}
+
+void BundleReader::parse_index(const std::string& index, const std::string& index_path) {
   StringSource source(index);
   leveldb::Options options;
   options.paranoid_checks = true;  // verify the index block's checksum at open
@@ -164,35 +219,10 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
     throw DataLossError(
         str_cat("checkpoint index ", index_path, " has an invalid num_shards ", num_shards_));
   }
-  // Open every shard and check that each entry lies inside it, so that a truncated data file is
-  // reported now, naming the first tensor it cut.
-  std::vector<int64_t> sizes;
-  for (int s = 0; s < num_shards_; ++s) {
-    const std::string path = data_filename(prefix_, s, num_shards_);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      for (int f : fds_) ::close(f);
-      fds_.clear();
-      throw DataLossError(str_cat("checkpoint ", prefix_, ": data file ", path,
-                                  " cannot be opened: ", std::strerror(err)));
-    }
-    fds_.push_back(fd);
-    const Hold hold = hold_file(fd, path);
-    if (hold == Hold::kRecycled) {
-      for (int f : fds_) ::close(f);
-      fds_.clear();
-      throw_recycled(path);
-    }
-    protected_ = protected_ && hold == Hold::kHeld;
-    struct stat st_buf;
-    if (::fstat(fd, &st_buf) == 0) {
-      sizes.push_back(static_cast<int64_t>(st_buf.st_size));
-      file_ids_.emplace_back(st_buf.st_dev, st_buf.st_ino);
-    } else {
-      sizes.push_back(0);
-    }
-  }
+}
+
+void BundleReader::check_extents(const std::vector<int64_t>& sizes) const {
+  const std::string index_path = index_filename(prefix_);
   for (const auto& [key, e] : entries_) {
     if (e.partitioned) continue;
     if (e.shard_id < 0 || e.shard_id >= num_shards_ || e.offset < 0 || e.size < 0) {
@@ -245,6 +275,11 @@ const BundleEntry& BundleReader::entry(std::string_view key) const {
 }
 
 void BundleReader::read_bytes(const BundleEntry& e, std::string_view key, void* dst) const {
+  if (bytes_) {  // inside its shard: check_extents
+    const std::string_view shard = bytes_->shards[static_cast<size_t>(e.shard_id)];
+    std::memcpy(dst, shard.data() + e.offset, static_cast<size_t>(e.size));
+    return;
+  }
   const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
   const int fd = fds_[static_cast<size_t>(e.shard_id)];
   auto* p = static_cast<char*>(dst);

@@ -26,6 +26,17 @@ CheckpointLoadStatus Checkpoint::restore(const std::string& save_path) {
   wait_for_write();
   DTRAIN_CHECK(!save_path.empty(), "Checkpoint::restore: empty path");
   BundleReader reader(save_path);
+  return restore_from(reader, save_path);
+}
+
+CheckpointLoadStatus Checkpoint::restore(const std::string& save_path, const BundleBytes& bytes) {
+  wait_for_write();
+  DTRAIN_CHECK(!save_path.empty(), "Checkpoint::restore: empty name");
+  BundleReader reader(save_path, bytes);
+  return restore_from(reader, save_path);
+}
+
+CheckpointLoadStatus Checkpoint::restore_from(BundleReader& reader, const std::string& save_path) {
   // A CheckpointManager (in this or another process) may drop and recycle this checkpoint while
   // it is read: what was read is then reported as AbortedError, never restored.
   auto recycled = [&] {

@@ -11,12 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
+#include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/cpus.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/parallel_for.h"
@@ -89,12 +90,13 @@ Tensor pack_snapshot(const std::string& prefix) {
   return blob;
 }
 
-// Writes the files of a blob into `dir`; throws DataLossError for a malformed blob.
-void unpack_snapshot(const uint8_t* blob, size_t size, const fs::path& dir) {
+// The files of a blob (pack_snapshot's) as the bundle `<base>` in memory, viewing the blob's
+// bytes; throws DataLossError for a malformed blob or one without the bundle's files.
+checkpoint::BundleBytes snapshot_bytes(const uint8_t* blob, size_t size, const std::string& base) {
   size_t at = 0;
   const auto get = [&](const char* what) {
     uint64_t v = 0;
-    if (at + 8 > size) {
+    if (size - at < 8) {
       throw DataLossError(
           str_cat("the broadcast snapshot is truncated at byte ", at, " (", what, ")"));
     }
@@ -102,25 +104,40 @@ void unpack_snapshot(const uint8_t* blob, size_t size, const fs::path& dir) {
     at += 8;
     return v;
   };
-  fs::create_directories(dir);
+  std::map<std::string, std::string_view> files;
   while (at < size) {
     const uint64_t n = get("a name's length");
-    if (at + n > size) throw DataLossError("the broadcast snapshot is truncated (a name)");
+    if (n > size - at) throw DataLossError("the broadcast snapshot is truncated (a name)");
     const std::string name(reinterpret_cast<const char*>(blob + at), n);
     at += n;
-    if (name.find('/') != std::string::npos || name.empty() || name[0] == '.') {
-      throw DataLossError(str_cat("the broadcast snapshot names a file '", name, "'"));
-    }
     const uint64_t bytes = get("a file's size");
-    if (at + bytes > size) {
+    if (bytes > size - at) {
       throw DataLossError(str_cat("the broadcast snapshot's ", name, " is truncated"));
     }
-    std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(blob + at), static_cast<std::streamsize>(bytes));
-    out.close();
-    if (!out) throw ResourceExhaustedError(str_cat("cannot write ", (dir / name).string()));
+    files[name] = std::string_view(reinterpret_cast<const char*>(blob + at), bytes);
     at += bytes;
   }
+  checkpoint::BundleBytes out;
+  const auto index = files.find(base + ".index");
+  if (index == files.end()) {
+    throw DataLossError(str_cat("the broadcast snapshot has no ", base, ".index"));
+  }
+  out.index = index->second;
+  // The data shards, in order (their names sort by shard number).
+  std::vector<std::pair<std::string, std::string_view>> shards;
+  for (const auto& [name, bytes] : files) {
+    if (name.rfind(base + ".data-", 0) == 0) shards.emplace_back(name, bytes);
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string want =
+        checkpoint::data_filename(base, static_cast<int>(i), static_cast<int>(shards.size()));
+    if (shards[i].first != want) {
+      throw DataLossError(
+          str_cat("the broadcast snapshot holds ", shards[i].first, " where ", want, " belongs"));
+    }
+    out.shards.push_back(shards[i].second);
+  }
+  return out;
 }
 
 // Tells the launcher where this newcomer's state came from (snapshot_restore/<gen>/<rank>, an
@@ -355,25 +372,22 @@ std::optional<std::string> MemorySnapshots::receive_state(checkpoint::Checkpoint
   const double received = monotonic_seconds();
   restored = true;
   const std::string base = fs::path(own).filename().string();
-  // The checkpoint reader takes files: a private directory beside this rank's snapshots (tmpfs,
-  // RAM), removed at once. The reader checks every tensor's CRC-32C.
-  const fs::path scratch = fs::path(dir_) / str_cat(".received-", ::getpid());
+  // Restored from the received bytes (no file): the reader checks the index's checksums and
+  // every tensor's CRC-32C as it would the files'.
   try {
-    unpack_snapshot(body[0].data<uint8_t>(), static_cast<size_t>(n), scratch);
-    ckpt.restore((scratch / base).string()).assert_existing_objects_matched();
+    const checkpoint::BundleBytes bytes =
+        snapshot_bytes(body[0].data<uint8_t>(), static_cast<size_t>(n), base);
+    ckpt.restore(str_cat(base, " (received from rank ", *root, ")"), bytes)
+        .assert_existing_objects_matched();
     if (!rank_independent && metric_states_) {
       // The epoch's partial metric sums are this rank's own (each worker sums its shard).
       checkpoint::Checkpoint mine({{"metric_states", *metric_states_}});
       mine.restore(own).expect_partial();
     }
   } catch (const Error& e) {
-    std::error_code ec;
-    fs::remove_all(scratch, ec);
     throw DataLossError(str_cat("BackupAndRestore: cannot restore ", base, " received from rank ",
                                 *root, ": ", e.what()));
   }
-  std::error_code ec;
-  fs::remove_all(scratch, ec);
   const double done = monotonic_seconds();
   std::cerr << "BackupAndRestore: restored " << base << " received from rank " << *root
             << " (a survivor) by broadcast (" << n << " bytes)\n";

@@ -187,6 +187,33 @@ TEST_F(CheckpointTest, SubclassedModelsUseTheirAttributeNames) {
   expect_bitwise_equal(model.weights(), before);
 }
 
+// A checkpoint's files held in memory restore as the files do; damaged bytes change nothing.
+TEST_F(CheckpointTest, RestoresFromTheFilesBytesInMemory) {
+  TwoDense model;
+  model.build(Shape{2});
+  Checkpoint ckpt({{"net", model}});
+  const auto before = values_of(model.weights());
+  ckpt.write(path("w"));
+  const std::string index = read_file(path("w.index"));
+  std::string data = read_file(data_filename(path("w"), 0, 1));
+  for (Variable* v : model.weights()) v->tensor().fill(0);
+  const auto zeros = values_of(model.weights());
+  data[data.size() - 1] ^= 0x01;  // the last value's last byte
+  try {
+    ckpt.restore("snap-3 (received)", BundleBytes{.index = index, .shards = {data}});
+    FAIL() << "a damaged value was restored";
+  } catch (const DataLossError& e) {
+    EXPECT_NE(std::string(e.what()).find("snap-3 (received)"), std::string::npos) << e.what();
+  }
+  expect_bitwise_equal(model.weights(), zeros);  // nothing assigned
+  data[data.size() - 1] ^= 0x01;
+  const CheckpointLoadStatus status =
+      ckpt.restore("snap-3 (received)", BundleBytes{.index = index, .shards = {data}});
+  status.assert_consumed();
+  EXPECT_EQ(status.save_path(), "snap-3 (received)");
+  expect_bitwise_equal(model.weights(), before);
+}
+
 TEST_F(CheckpointTest, SaveNumbersCheckpointsAndCommitsThemInTheStateFile) {
   Variable v("v", Tensor::scalar(1.0f));
   Checkpoint ckpt({{"v", v}});

@@ -288,6 +288,70 @@ TEST_F(BundleTest, TruncationIsDetected) {
   EXPECT_THROW(BundleReader(path("ckpt")), DataLossError);
 }
 
+// --- A bundle in memory --------------------------------------------------------------------
+
+// The files' bytes read into memory read as the files do: TF's two-shard fixture, every value.
+TEST_F(BundleTest, BytesInMemoryReadAsTheFilesDo) {
+  const std::string prefix = kFixtures + "/keras_lso_two_shards/ckpt";
+  const std::string index = read_file(index_filename(prefix));
+  const std::string shard0 = read_file(data_filename(prefix, 0, 2));
+  const std::string shard1 = read_file(data_filename(prefix, 1, 2));
+  BundleReader files(prefix);
+  BundleReader memory("received", BundleBytes{.index = index, .shards = {shard0, shard1}});
+  EXPECT_EQ(memory.num_shards(), 2);
+  EXPECT_EQ(memory.keys(), files.keys());
+  EXPECT_FALSE(memory.files_replaced());
+  for (const std::string& key : files.keys()) {
+    if (files.entry(key).dtype == DType::kString) {
+      EXPECT_EQ(memory.read_strings(key), files.read_strings(key)) << key;
+      continue;
+    }
+    const Tensor a = files.read(key), b = memory.read(key);
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << key;
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << key;
+  }
+}
+
+// Damaged bytes in memory are reported as damaged files are, naming the bundle and the tensor.
+TEST_F(BundleTest, DamagedBytesInMemoryAreDataLoss) {
+  {
+    BundleWriter w(path("ckpt"));
+    w.add("w", Tensor::from_vector<float>({1, 2, 3, 4, 5}, Shape{5}));
+    w.add("v", Tensor::from_vector<float>({6, 7}, Shape{2}));
+    w.finish();
+  }
+  const std::string index = read_file(path("ckpt.index"));
+  std::string data = read_file(path("ckpt.data-00000-of-00001"));
+  data[2] ^= 0x10;  // inside "w"
+  {
+    BundleReader r("snap-7", BundleBytes{.index = index, .shards = {data}});
+    EXPECT_EQ(r.read("v").to_vector<float>(), (std::vector<float>{6, 7}));
+    try {
+      r.read("w");
+      FAIL() << "a flipped byte was read";
+    } catch (const DataLossError& e) {
+      EXPECT_NE(std::string(e.what()).find("snap-7"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+    }
+  }
+  data[2] ^= 0x10;
+  const std::string_view short_data(data.data(), data.size() - 1);
+  try {
+    BundleReader r("snap-7", BundleBytes{.index = index, .shards = {short_data}});
+    FAIL() << "a short shard was accepted";
+  } catch (const DataLossError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'v'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(BundleReader("snap-7", BundleBytes{.index = index, .shards = {}}), DataLossError);
+  EXPECT_THROW(BundleReader("snap-7", BundleBytes{.index = index, .shards = {data, data}}),
+               DataLossError);
+  EXPECT_THROW(BundleReader("snap-7", BundleBytes{.index = std::string_view(index).substr(
+                                                      0, index.size() / 2),
+                                                  .shards = {data}}),
+               DataLossError);
+}
+
 // A flipped index byte either raises DataLossError or changes nothing that matters (LevelDB
 // ignores the footer's padding and, without a filter policy, the metaindex): never wrong values.
 TEST_F(BundleTest, FlippedIndexBytesNeverYieldWrongValues) {

@@ -43,6 +43,9 @@ struct IteratorState;
 
 namespace dtrain::checkpoint {
 
+class BundleReader;
+struct BundleBytes;
+
 namespace detail {
 struct TrackableExtra;
 struct GraphView;
@@ -223,6 +226,10 @@ class Checkpoint {
   // values for layers of a model that are not built yet: build the model first; restoring is
   // not deferred).
   CheckpointLoadStatus restore(const std::string& save_path);
+  // restore() from a checkpoint's files held in memory (a snapshot received from a peer):
+  // `save_path` names it in errors and in the status. Throws as restore() does, DataLossError
+  // naming the checkpoint for corrupt or short bytes.
+  CheckpointLoadStatus restore(const std::string& save_path, const BundleBytes& bytes);
   // Restores the newest committed checkpoint named by `<directory>/checkpoint`; when it is
   // missing or corrupt (DataLossError), warns and falls back to the next newer committed one.
   // Returns nullopt when the directory has no committed checkpoint. Throws DataLossError when
@@ -283,6 +290,8 @@ class Checkpoint {
   // Async: whether a pending write has this prefix.
   bool writing(const std::string& prefix) const;
   void wait_for_write();
+  // restore()'s part after the reader is open.
+  CheckpointLoadStatus restore_from(BundleReader& reader, const std::string& save_path);
   void write_bundle(const std::string& prefix, const std::string& graph,
                     const std::vector<std::pair<std::string, Tensor>>& tensors,
                     detail::SpareFiles* spares, bool sync_directory) const;

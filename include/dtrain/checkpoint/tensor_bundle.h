@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -158,12 +159,23 @@ class BundleWriter {
 
 // Reads a bundle. The constructor reads and checks the whole index (block checksums, entry
 // syntax, that every entry lies inside its data shard) and opens the data shards.
+// A bundle's files held in memory (received from a peer, say): `<prefix>.index` and data shard
+// i as bytes. They must outlive every reader of them.
+struct BundleBytes {
+  std::string_view index;
+  std::vector<std::string_view> shards;
+};
+
 class BundleReader {
  public:
   // Throws NotFoundError when `<prefix>.index` does not exist, DataLossError naming the file
   // when the index is corrupt or a data shard is missing or shorter than its entries need,
   // AbortedError when a CheckpointManager is recycling the checkpoint's files right now.
   explicit BundleReader(std::string prefix);
+  // Reads a bundle from memory, checked as from files (the index's block checksums, every
+  // entry inside its shard, each tensor's CRC-32C when read); `prefix` names it in errors as if
+  // it were the files'. Throws DataLossError for a corrupt index or a missing or short shard.
+  BundleReader(std::string prefix, BundleBytes bytes);
   ~BundleReader();
   BundleReader(const BundleReader&) = delete;
   BundleReader& operator=(const BundleReader&) = delete;
@@ -206,13 +218,18 @@ class BundleReader {
  private:
   std::string prefix_;
   int num_shards_ = 1;
-  bool big_endian_ = false;         // header says the data bytes are big-endian (swapped on read)
-  BundleEntries entries_;           // tensors and, under their encoded keys, slices
-  std::vector<std::string> names_;  // keys() (slice entries excluded)
-  std::vector<int> fds_;            // one per data shard
+  bool big_endian_ = false;           // header says the data bytes are big-endian (swapped on read)
+  BundleEntries entries_;             // tensors and, under their encoded keys, slices
+  std::vector<std::string> names_;    // keys() (slice entries excluded)
+  std::vector<int> fds_;              // one per data shard (files)
+  std::optional<BundleBytes> bytes_;  // the bundle in memory (no files)
   // (device, inode) of the index and then of each data shard, as opened.
   std::vector<std::pair<uint64_t, uint64_t>> file_ids_;
   bool protected_ = false;  // every file was held (a shared flock) before it was read
+  // The constructors' part: parses and checks the index's bytes.
+  void parse_index(const std::string& index, const std::string& index_path);
+  // Checks that every entry lies inside its shard of `sizes` bytes.
+  void check_extents(const std::vector<int64_t>& sizes) const;
   void read_bytes(const BundleEntry& e, std::string_view key, void* dst) const;
   Tensor read_plain(const BundleEntry& e, std::string_view key) const;
   // read_plain into `dst`, which holds e.size bytes: read, CRC-checked, byte-swapped if needed.

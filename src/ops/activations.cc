@@ -205,7 +205,7 @@ void activation_backward_serial(Activation act, const float* y, const float* x, 
       for (int64_t i = 0; i < n; ++i) {
         const float xi = x[i];
         const float cdf = 0.5f * (1.0f + vmath::erf(xi * kSqrtHalf));
-        dz[i] *= cdf + xi * kInvSqrt2Pi * vmath::exp(-0.5f * xi * xi);
+        dz[i] *= cdf + xi * kInvSqrt2Pi * vmath::exp_nonpositive(-0.5f * xi * xi);
       }
       return;
     case Activation::kGeluTanh:

@@ -52,6 +52,30 @@ inline float exp(float x) {
   return x != x ? x : y;
 }
 
+// exp(x) for x ≤ 0 (and NaN), bit for bit: the same reduction, polynomial and underflow to 0,
+// without what only a positive argument needs (the overflow clamp and +inf, and 2ⁿ split in two
+// factors for n = 128). erf's tail and GELU's φ(x) only ever take such arguments: 40% off the
+// exact GELU's forward pass (session 18). A positive x is outside its domain.
+inline float exp_nonpositive(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693359375f;
+  constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRound = 12582912.0f;
+  constexpr float kMin = -87.3365479f;  // ln(FLT_MIN): n ≥ −126, so 2ⁿ is one normal factor
+  const float xc = x < kMin ? kMin : x;
+  const float n = (xc * kLog2e + kRound) - kRound;
+  const float r = mul_add(n, -kLn2Lo, mul_add(n, -kLn2Hi, xc));
+  float p = 1.9875691500e-4f;
+  p = mul_add(p, r, 1.3981999507e-3f);
+  p = mul_add(p, r, 8.3334519073e-3f);
+  p = mul_add(p, r, 4.1665795894e-2f);
+  p = mul_add(p, r, 1.6666665459e-1f);
+  p = mul_add(p, r, 5.0000001201e-1f);
+  p = mul_add(p * r, r, r) + 1.0f;
+  const float y = p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < kMin ? 0.0f : y;  // NaN propagates through p
+}
+
 // erf(x). Two minimax approximations (N. Juffa's erff): an odd polynomial for |x| < 0.9277
 // and 1 − exp(polynomial in |x|) beyond, both evaluated and one selected so that the loop stays
 // branch-free.
@@ -66,7 +90,7 @@ inline float erf(float a) {
   r = mul_add(r, t, -6.34846687e-1f);
   r = mul_add(r, t, -1.28717512e-1f);
   r = mul_add(r, t, -t);
-  const float big = std::copysign(1.0f - exp(r), a);
+  const float big = std::copysign(1.0f - exp_nonpositive(r), a);  // r < 0 (−inf for |a| = inf)
   // |a| < 0.927734375
   float q = -5.96761703e-4f;
   q = mul_add(q, s, 4.99119423e-3f);

@@ -1,6 +1,8 @@
 // The vectorized exp/erf behind GELU and the softmaxes (src/ops/vector_math.h), through the
 // public kernels, against glibc's double-precision erf/exp: every float of a dense sweep and the
 // special values (±0, ±inf, NaN, Keras's −1e9 mask score).
+#include "ops/vector_math.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -76,6 +78,39 @@ TEST(VectorMath, GeluBackwardMatchesTheExactDerivative) {
                         xd * std::exp(-0.5 * xd * xd) / std::sqrt(2 * M_PI);
     ASSERT_NEAR(dz[i], want, 4e-7 * std::max(1.0, std::fabs(want)) + 1e-30) << "x = " << x[i];
   }
+}
+
+// exp_nonpositive (erf's tail, GELU's φ) is exp bit for bit on its domain: every 31st negative
+// float pattern (subnormals, the underflow to 0 below ln(FLT_MIN), −inf), ±0 and NaN, in blocks
+// (the loops vectorize as the kernels' do).
+TEST(VectorMath, ExpNonpositiveIsExpBitForBit) {
+  constexpr size_t kBlock = 4096;
+  std::vector<float> xs, want(kBlock), got(kBlock);
+  int64_t bad = 0, checked = 0;
+  const auto check = [&] {
+    for (size_t i = 0; i < xs.size(); ++i) want[i] = vmath::exp(xs[i]);
+    for (size_t i = 0; i < xs.size(); ++i) got[i] = vmath::exp_nonpositive(xs[i]);
+    for (size_t i = 0; i < xs.size(); ++i, ++checked) {
+      if (std::isnan(want[i]) && std::isnan(got[i])) continue;
+      if (std::memcmp(&want[i], &got[i], 4) != 0 && bad++ < 5) {
+        ADD_FAILURE() << "exp_nonpositive(" << xs[i] << ") = " << got[i] << ", exp gives "
+                      << want[i];
+      }
+    }
+    xs.clear();
+  };
+  xs = {0.0f,    -0.0f,        -std::numeric_limits<float>::infinity(), -87.3365479f, -87.34f,
+        -1e-45f, std::nanf("")};
+  check();
+  for (uint64_t b = 0x80000000u; b <= 0xff800000u; b += 31) {
+    float f;
+    const uint32_t bits = static_cast<uint32_t>(b);
+    std::memcpy(&f, &bits, 4);
+    xs.push_back(f);
+    if (xs.size() == kBlock) check();
+  }
+  check();
+  EXPECT_EQ(bad, 0) << "of " << checked;
 }
 
 TEST(VectorMath, GeluSpecialValues) {

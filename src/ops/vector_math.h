@@ -20,21 +20,20 @@ inline float mul_add(float a, float b, float c) {
 #endif
 }
 
-// eˣ. Cody–Waite reduction x = n·ln2 + r (|r| ≤ ln2/2), a degree-6 polynomial for eʳ, then
-// 2ⁿ through the exponent bits. Underflows to exactly 0 below ln(FLT_MIN) (where expf would
-// return a subnormal; dtrain flushes those anyway), overflows to +inf above ln(FLT_MAX), NaN
-// propagates.
-inline float exp(float x) {
+namespace detail {
+
+inline constexpr float kExpMax = 88.7228317f;   // ln(FLT_MAX)
+inline constexpr float kExpMin = -87.3365479f;  // ln(FLT_MIN)
+
+// eˣ = p·2ⁿ for x in [ln(FLT_MIN), ln(FLT_MAX)]: the Cody–Waite reduction x = n·ln2 + r
+// (|r| ≤ ln2/2) and a degree-6 polynomial for eʳ; returns p, and n (an integer) in `n`.
+inline float exp_reduced(float x, float& n) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // ln 2 = kLn2Hi + kLn2Lo, kLn2Hi exact in 9 bits
   constexpr float kLn2Lo = -2.12194440e-4f;
   constexpr float kRound = 12582912.0f;  // 1.5·2²³: adding it rounds to an integer
-  constexpr float kMax = 88.7228317f;    // ln(FLT_MAX)
-  constexpr float kMin = -87.3365479f;   // ln(FLT_MIN)
-  float xc = x > kMax ? kMax : x;        // (ternaries, not fmin/fmax: those do not vectorize)
-  xc = xc < kMin ? kMin : xc;
-  const float n = (xc * kLog2e + kRound) - kRound;
-  const float r = mul_add(n, -kLn2Lo, mul_add(n, -kLn2Hi, xc));
+  n = (x * kLog2e + kRound) - kRound;
+  const float r = mul_add(n, -kLn2Lo, mul_add(n, -kLn2Hi, x));
   // Minimax coefficients for eʳ on [−ln2/2, ln2/2] (Cephes expf).
   float p = 1.9875691500e-4f;
   p = mul_add(p, r, 1.3981999507e-3f);
@@ -42,38 +41,40 @@ inline float exp(float x) {
   p = mul_add(p, r, 4.1665795894e-2f);
   p = mul_add(p, r, 1.6666665459e-1f);
   p = mul_add(p, r, 5.0000001201e-1f);
-  p = mul_add(p * r, r, r) + 1.0f;
+  return mul_add(p * r, r, r) + 1.0f;
+}
+
+}  // namespace detail
+
+// eˣ: detail::exp_reduced, then 2ⁿ through the exponent bits. Underflows to exactly 0 below
+// ln(FLT_MIN) (where expf would return a subnormal; dtrain flushes those anyway), overflows to
+// +inf above ln(FLT_MAX), NaN propagates.
+inline float exp(float x) {
+  using detail::kExpMax, detail::kExpMin;
+  float xc = x > kExpMax ? kExpMax : x;  // (ternaries, not fmin/fmax: those do not vectorize)
+  xc = xc < kExpMin ? kExpMin : xc;
+  float n;
+  const float p = detail::exp_reduced(xc, n);
   // 2ⁿ as two normal factors (n reaches 128 at the top of the range, -126 at the bottom).
   const int32_t k = static_cast<int32_t>(n);
   const int32_t k1 = k >> 1;
   float y = p * std::bit_cast<float>((k1 + 127) << 23) * std::bit_cast<float>((k - k1 + 127) << 23);
-  y = x < kMin ? 0.0f : y;
-  y = x > kMax ? INFINITY : y;
+  y = x < kExpMin ? 0.0f : y;
+  y = x > kExpMax ? INFINITY : y;
   return x != x ? x : y;
 }
 
 // exp(x) for x ≤ 0 (and NaN), bit for bit: the same reduction, polynomial and underflow to 0,
 // without what only a positive argument needs (the overflow clamp and +inf, and 2ⁿ split in two
-// factors for n = 128). erf's tail and GELU's φ(x) only ever take such arguments: 40% off the
-// exact GELU's forward pass (session 18). A positive x is outside its domain.
+// factors for n = 128: here n ≥ −126, one normal factor). erf's tail and GELU's φ(x) only ever
+// take such arguments: 40% off the exact GELU's forward pass (session 18). A positive x is
+// outside its domain.
 inline float exp_nonpositive(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kRound = 12582912.0f;
-  constexpr float kMin = -87.3365479f;  // ln(FLT_MIN): n ≥ −126, so 2ⁿ is one normal factor
-  const float xc = x < kMin ? kMin : x;
-  const float n = (xc * kLog2e + kRound) - kRound;
-  const float r = mul_add(n, -kLn2Lo, mul_add(n, -kLn2Hi, xc));
-  float p = 1.9875691500e-4f;
-  p = mul_add(p, r, 1.3981999507e-3f);
-  p = mul_add(p, r, 8.3334519073e-3f);
-  p = mul_add(p, r, 4.1665795894e-2f);
-  p = mul_add(p, r, 1.6666665459e-1f);
-  p = mul_add(p, r, 5.0000001201e-1f);
-  p = mul_add(p * r, r, r) + 1.0f;
+  using detail::kExpMin;
+  float n;
+  const float p = detail::exp_reduced(x < kExpMin ? kExpMin : x, n);
   const float y = p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < kMin ? 0.0f : y;  // NaN propagates through p
+  return x < kExpMin ? 0.0f : y;  // NaN propagates through p
 }
 
 // erf(x). Two minimax approximations (N. Juffa's erff): an odd polynomial for |x| < 0.9277

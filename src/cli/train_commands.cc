@@ -296,7 +296,8 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
     cmd->add_option("--threads", train_flags.threads, "Threads for the step's kernels (default 1)")
         ->check(int_at_least(1))
         ->check(int_at_most(max_threads(),
-                            str_cat("4 per core, and this machine has ", hardware_concurrency())));
+                            str_cat("4 per CPU this process may use: ", hardware_concurrency(),
+                                    ", from its affinity mask and CPU quota")));
     cmd->add_option("--verbose", train_flags.verbose,
                     "0 silent, 1 progress bar, 2 one line per epoch (default: 1 on a terminal)")
         ->check(int_at_least(0))

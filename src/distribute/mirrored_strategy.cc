@@ -37,10 +37,11 @@ int max_replicas() { return std::max(64, 16 * hardware_concurrency()); }
 MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& options)
     : num_replicas_(num_replicas == 0 ? hardware_concurrency() : num_replicas) {
   DTRAIN_CHECK(num_replicas >= 0, "MirroredStrategy: num_replicas is ", num_replicas,
-               ", must be >= 0 (0: one per core)");
+               ", must be >= 0 (0: one per usable CPU)");
   DTRAIN_CHECK(num_replicas_ <= max_replicas(), "MirroredStrategy: ", num_replicas_,
-               " replicas is more than this machine's ", hardware_concurrency(),
-               " cores can run: at most ", max_replicas(), " (16 per core, at least 64)");
+               " replicas is more than the ", hardware_concurrency(),
+               " CPUs this process may use can run: at most ", max_replicas(),
+               " (16 per CPU, at least 64)");
   if (options.report_tensorboard) tensorboard_logdir_ = options.logdir;
   DTRAIN_CHECK(options.blas_threads >= -1, "MirroredStrategy: blas_threads is ",
                options.blas_threads);

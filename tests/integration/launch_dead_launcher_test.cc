@@ -110,6 +110,26 @@ class LaunchDeadLauncherTest : public ::testing::Test {
     return left;
   }
 
+  // What a job that did not get going shows: the launcher's output, each worker's log, and the
+  // state and wait channel of each of the launcher's children.
+  std::string diagnosis(const Launcher& l) const {
+    std::ostringstream out;
+    out << "launcher output:\n" << l.output();
+    for (int rank = 0; rank < 3; ++rank) {
+      out << "worker" << rank << ".log:\n"
+          << read_file(dir_ / ("worker" + std::to_string(rank) + ".log")) << "\n";
+    }
+    for (const pid_t child : children_of(l.pid())) {
+      const fs::path proc = fs::path("/proc") / std::to_string(child);
+      std::string cmdline = read_file(proc / "cmdline");
+      std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+      out << "child " << child << ": " << cmdline.substr(0, 120)
+          << " stat: " << read_file(proc / "stat").substr(0, 60)
+          << " wchan: " << read_file(proc / "wchan") << "\n";
+    }
+    return out.str();
+  }
+
   fs::path dir_;
   std::vector<pid_t> survivors_;
 };
@@ -125,12 +145,15 @@ TEST_F(LaunchDeadLauncherTest, WorkersDieWithAKilledLauncher) {
        "20"},
       dir_ / "out");
   const auto deadline = Clock::now() + 60s;
+  // Each worker has taken steps: it prints "at step S" every 5 steps, from the step it resumed
+  // at (rank 0 checkpoints the step every 10 into the shared --dir, so a worker that starts late
+  // on a loaded machine begins at 10 or 20, never printing step 5).
   for (int rank = 0; rank < 3; ++rank) {
     const fs::path log = dir_ / ("worker" + std::to_string(rank) + ".log");
-    while (read_file(log).find("at step 5 rank") == std::string::npos && Clock::now() < deadline) {
+    while (read_file(log).find("at step ") == std::string::npos && Clock::now() < deadline) {
       std::this_thread::sleep_for(20ms);
     }
-    ASSERT_NE(read_file(log).find("at step 5 rank"), std::string::npos) << l.output();
+    ASSERT_NE(read_file(log).find("at step "), std::string::npos) << diagnosis(l);
   }
   const std::vector<pid_t> workers = wait_for_children(l, 3, 10s);
   ASSERT_EQ(workers.size(), 3u) << l.output();

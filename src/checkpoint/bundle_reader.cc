@@ -55,10 +55,10 @@ Hold hold_file(int fd, const std::string& path) {
                              "newer checkpoint (restore_latest retries)"));
 }
 
-// leveldb::RandomAccessFile over the index bytes read into memory.
+// leveldb::RandomAccessFile over the index bytes in memory.
 class StringSource : public leveldb::RandomAccessFile {
  public:
-  explicit StringSource(const std::string& s) : s_(s) {}
+  explicit StringSource(std::string_view s) : s_(s) {}
   leveldb::Status Read(uint64_t offset, size_t n, leveldb::Slice* result,
                        char* /*scratch*/) const override {
     if (offset > s_.size()) return leveldb::Status::IOError("read past the end of the index");
@@ -68,7 +68,7 @@ class StringSource : public leveldb::RandomAccessFile {
   }
 
  private:
-  const std::string& s_;
+  std::string_view s_;
 };
 
 std::string hex32(uint32_t v) {
@@ -117,16 +117,14 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
-      for (int f : fds_) ::close(f);
-      fds_.clear();
+      close_shards();
       throw DataLossError(str_cat("checkpoint ", prefix_, ": data file ", path,
                                   " cannot be opened: ", std::strerror(err)));
     }
     fds_.push_back(fd);
     const Hold hold = hold_file(fd, path);
     if (hold == Hold::kRecycled) {
-      for (int f : fds_) ::close(f);
-      fds_.clear();
+      close_shards();
       throw_recycled(path);
     }
     protected_ = protected_ && hold == Hold::kHeld;
@@ -141,8 +139,7 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
   try {
     check_extents(sizes);
   } catch (...) {
-    for (int f : fds_) ::close(f);
-    fds_.clear();
+    close_shards();
     throw;
   }
 }
@@ -150,7 +147,7 @@ BundleReader::BundleReader(std::string prefix) : prefix_(std::move(prefix)) {
 BundleReader::BundleReader(std::string prefix, BundleBytes bytes)
     : prefix_(std::move(prefix)), protected_(true) {
   const std::string index_path = index_filename(prefix_);
-  parse_index(std::string(bytes.index), index_path);
+  parse_index(bytes.index, index_path);
   if (static_cast<int>(bytes.shards.size()) != num_shards_) {
     throw DataLossError(str_cat("checkpoint ", prefix_, " has ", bytes.shards.size(),
                                 " data shard(s) in memory; its index names ", num_shards_));
@@ -162,7 +159,7 @@ BundleReader::BundleReader(std::string prefix, BundleBytes bytes)
   check_extents(sizes);
 }
 
-void BundleReader::parse_index(const std::string& index, const std::string& index_path) {
+void BundleReader::parse_index(std::string_view index, const std::string& index_path) {
   StringSource source(index);
   leveldb::Options options;
   options.paranoid_checks = true;  // verify the index block's checksum at open
@@ -230,7 +227,8 @@ void BundleReader::check_extents(const std::vector<int64_t>& sizes) const {
                                   "' has an invalid location (shard ", e.shard_id, ", offset ",
                                   e.offset, ", size ", e.size, ")"));
     }
-    if (e.offset + e.size > sizes[static_cast<size_t>(e.shard_id)]) {
+    // (offset and size are each at most INT64_MAX: their sum could overflow)
+    if (e.size > sizes[static_cast<size_t>(e.shard_id)] - e.offset) {
       throw DataLossError(str_cat(
           "checkpoint data file ", data_filename(prefix_, e.shard_id, num_shards_),
           " is truncated: it has ", sizes[static_cast<size_t>(e.shard_id)], " bytes but tensor '",
@@ -239,8 +237,11 @@ void BundleReader::check_extents(const std::vector<int64_t>& sizes) const {
   }
 }
 
-BundleReader::~BundleReader() {
+BundleReader::~BundleReader() { close_shards(); }
+
+void BundleReader::close_shards() {
   for (int fd : fds_) ::close(fd);
+  fds_.clear();
 }
 
 bool BundleReader::files_replaced() const {

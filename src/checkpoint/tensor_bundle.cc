@@ -48,8 +48,8 @@ class StringSink : public leveldb::WritableFile {
 std::string encode_header(int num_shards) {
   std::string out, version;
   wire::put_varint_field(out, 1, static_cast<uint64_t>(num_shards));
-  wire::put_varint_field(version, 1,
-                         detail::kBundleVersion);  // producer; min_consumer 0 is omitted
+  // The producer version; min_consumer 0 is omitted.
+  wire::put_varint_field(version, 1, detail::kBundleVersion);
   wire::put_bytes_field(out, 3, version);
   return out;
 }

@@ -11,9 +11,9 @@
 
 #include "arch_resnet.h"
 #include "commands.h"
+#include "dtrain/core/cpus.h"
 #include "dtrain/core/file.h"
 #include "dtrain/core/random.h"
-#include "dtrain/core/thread_pool.h"
 #include "dtrain/distribute/mirrored_strategy.h"
 #include "dtrain/distribute/multi_worker_mirrored_strategy.h"
 #include "dtrain/distribute/parameter_server_strategy.h"
@@ -74,7 +74,7 @@ struct TrainFlags {
 constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
 // BLAS threads beyond this only oversubscribe the cores (and, far beyond, OpenBLAS cannot start
 // them and hangs at exit).
-int max_threads() { return 4 * hardware_concurrency(); }
+int max_threads() { return 4 * usable_cpus(); }
 
 void add_model_flags(CLI::App* cmd, ModelFlags& f) {
   cmd->add_option("--model", f.model,
@@ -295,9 +295,9 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
         ->check(unsigned_integer());
     cmd->add_option("--threads", train_flags.threads, "Threads for the step's kernels (default 1)")
         ->check(int_at_least(1))
-        ->check(int_at_most(max_threads(),
-                            str_cat("4 per CPU this process may use: ", hardware_concurrency(),
-                                    ", from its affinity mask and CPU quota")));
+        ->check(
+            int_at_most(max_threads(), str_cat("4 per CPU this process may use: ", usable_cpus(),
+                                               ", from its affinity mask and CPU quota")));
     cmd->add_option("--verbose", train_flags.verbose,
                     "0 silent, 1 progress bar, 2 one line per epoch (default: 1 on a terminal)")
         ->check(int_at_least(0))

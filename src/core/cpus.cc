@@ -146,16 +146,14 @@ std::optional<double> cgroup_cpu_quota(const std::string& proc) {
     // The group's directory under the mount: its path relative to the mount's root (a container
     // sees its own group as the root of the mount). A group outside the mount's root (another
     // namespace's view) leaves the mount point itself.
-    fs::path dir = h.mount_point;
-    const fs::path group = fs::path(h.group).lexically_normal();
-    const fs::path root = fs::path(h.mount_root).lexically_normal();
-    const fs::path rel = group.lexically_relative(root);
-    if (!rel.empty() && *rel.begin() != "..") dir = (dir / rel).lexically_normal();
-    // Every group up to the mount point may limit the process: the smallest quota holds.
     const fs::path top = fs::path(h.mount_point).lexically_normal();
-    for (fs::path d = dir;; d = d.parent_path()) {
+    const fs::path rel = fs::path(h.group).lexically_normal().lexically_relative(
+        fs::path(h.mount_root).lexically_normal());
+    const bool inside = !rel.empty() && *rel.begin() != "..";
+    // Every group from the process's up to the mount point may limit it: the smallest holds.
+    for (fs::path d = inside ? (top / rel).lexically_normal() : top;; d = d.parent_path()) {
       if (const auto q = quota_at(d, h.v2)) smallest = smallest ? std::min(*smallest, *q) : *q;
-      if (d == top || d == d.parent_path() || d.string().size() <= top.string().size()) break;
+      if (d == top || d == d.parent_path()) break;
     }
   }
   return smallest;

@@ -1,7 +1,6 @@
 // ThreadPool: one job at a time, indices handed out under a mutex.
 #include "dtrain/core/thread_pool.h"
 
-#include "dtrain/core/cpus.h"
 #include "dtrain/core/float_env.h"
 
 namespace dtrain {
@@ -83,7 +82,5 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
   lock.unlock();
   if (err) std::rethrow_exception(err);
 }
-
-int hardware_concurrency() { return usable_cpus(); }
 
 }  // namespace dtrain

@@ -3,10 +3,10 @@
 
 #include <chrono>
 
+#include "dtrain/core/cpus.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/float_env.h"
 #include "dtrain/core/random.h"
-#include "dtrain/core/thread_pool.h"
 #include "dtrain/ops/gemm.h"
 #include "replica_context.h"
 
@@ -30,16 +30,16 @@ bool spin_until(F&& ready) {
 
 // Replica threads beyond this only oversubscribe the cores (and each reserves a stack): a count
 // above it is a mistake, refused before any thread starts.
-int max_replicas() { return std::max(64, 16 * hardware_concurrency()); }
+int max_replicas() { return std::max(64, 16 * usable_cpus()); }
 
 }  // namespace
 
 MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& options)
-    : num_replicas_(num_replicas == 0 ? hardware_concurrency() : num_replicas) {
+    : num_replicas_(num_replicas == 0 ? usable_cpus() : num_replicas) {
   DTRAIN_CHECK(num_replicas >= 0, "MirroredStrategy: num_replicas is ", num_replicas,
                ", must be >= 0 (0: one per usable CPU)");
   DTRAIN_CHECK(num_replicas_ <= max_replicas(), "MirroredStrategy: ", num_replicas_,
-               " replicas is more than the ", hardware_concurrency(),
+               " replicas is more than the ", usable_cpus(),
                " CPUs this process may use can run: at most ", max_replicas(),
                " (16 per CPU, at least 64)");
   if (options.report_tensorboard) tensorboard_logdir_ = options.logdir;
@@ -47,9 +47,8 @@ MirroredStrategy::MirroredStrategy(int num_replicas, const MirroredOptions& opti
                options.blas_threads);
   if (options.blas_threads != -1) {
     previous_blas_threads_ = ops::num_threads();
-    ops::set_num_threads(options.blas_threads > 0
-                             ? options.blas_threads
-                             : std::max(1, hardware_concurrency() / num_replicas_));
+    ops::set_num_threads(options.blas_threads > 0 ? options.blas_threads
+                                                  : std::max(1, usable_cpus() / num_replicas_));
   }
   errors_.resize(num_replicas_);
   flush_denormals_enabled();  // a malformed DTRAIN_FLUSH_DENORMALS throws before a thread starts

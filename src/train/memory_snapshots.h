@@ -85,8 +85,9 @@ class MemorySnapshots {
   ~MemorySnapshots();
 
   // Whether a CPU is left for the snapshots' commits beside training: this process may use more
-  // CPUs (usable_cpus(): its affinity mask and cgroup quota) than this node's workers (DTRAIN_LOCAL_WORLD_SIZE, else 1) use, at
-  // intra_op_threads() each. begin() commits in the background only then.
+  // CPUs (usable_cpus(): its affinity mask and cgroup quota) than this node's workers
+  // (DTRAIN_LOCAL_WORLD_SIZE, else 1) use, at intra_op_threads() each. begin() commits in the
+  // background only then.
   static bool spare_cpu_for_commits();
   // Tracks `children` (BackupAndRestore's object graph) with a Checkpoint whose snapshots
   // SnapshotSlots writes, keeping the newest 6 in the directory.

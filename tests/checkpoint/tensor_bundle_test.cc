@@ -6,9 +6,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "checkpoint/bundle_index.h"
 #include "checkpoint/object_graph.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
@@ -344,6 +346,21 @@ TEST_F(BundleTest, DamagedBytesInMemoryAreDataLoss) {
     EXPECT_NE(std::string(e.what()).find("'v'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(BundleReader("snap-7", BundleBytes{.index = index, .shards = {}}), DataLossError);
+  // An index whose entry lies past the end by an offset so large that offset + size overflows:
+  // refused before any byte is read (in memory, such a read would leave the shard's bytes).
+  BundleEntries far;
+  BundleEntry& e = far["w"];
+  e.dtype = DType::kFloat32;
+  e.shape = Shape{2};
+  e.offset = std::numeric_limits<int64_t>::max() - 4;
+  e.size = 8;
+  const std::string far_index = detail::build_index(1, far, "test");
+  try {
+    BundleReader r("snap-7", BundleBytes{.index = far_index, .shards = {data}});
+    FAIL() << "an entry past the shard's end was accepted";
+  } catch (const DataLossError& e) {
+    EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(BundleReader("snap-7", BundleBytes{.index = index, .shards = {data, data}}),
                DataLossError);
   EXPECT_THROW(BundleReader("snap-7", BundleBytes{.index = std::string_view(index).substr(

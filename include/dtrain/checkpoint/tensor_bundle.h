@@ -227,7 +227,9 @@ class BundleReader {
   std::vector<std::pair<uint64_t, uint64_t>> file_ids_;
   bool protected_ = false;  // every file was held (a shared flock) before it was read
   // The constructors' part: parses and checks the index's bytes.
-  void parse_index(const std::string& index, const std::string& index_path);
+  void parse_index(std::string_view index, const std::string& index_path);
+  // Closes the data shards' files.
+  void close_shards();
   // Checks that every entry lies inside its shard of `sizes` bytes.
   void check_extents(const std::vector<int64_t>& sizes) const;
   void read_bytes(const BundleEntry& e, std::string_view key, void* dst) const;

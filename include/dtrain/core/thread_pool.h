@@ -42,8 +42,4 @@ class ThreadPool {
   bool stop_ = false;                                 // guarded by mu_
 };
 
-// CPUs this process may use: usable_cpus() (dtrain/core/cpus.h), its affinity mask capped by
-// its cgroup CPU quota; at least 1.
-int hardware_concurrency();
-
 }  // namespace dtrain

@@ -205,4 +205,9 @@ void write_bundle_index(const std::string& prefix, int num_shards, const BundleE
                         AtomicFileOptions{.sync = sync});
 }
 
+std::string bundle_index_bytes(int num_shards, const BundleEntries& entries,
+                               const std::string& where) {
+  return detail::build_index(num_shards, entries, where);
+}
+
 }  // namespace dtrain::checkpoint

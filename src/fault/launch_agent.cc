@@ -106,10 +106,10 @@ class Agent {
 };
 
 // The launcher's variables that a worker's environment replaces (or leaves out).
-const std::vector<std::string> kWorkerDrop = {dist::kEnvMasterAddr,     dist::kEnvMasterPort,
-                                              "DTRAIN_SNAPSHOT_DIR",    "DTRAIN_SNAPSHOT_RESTORE",
-                                              "DTRAIN_SNAPSHOT_SOURCE", "DTRAIN_SNAPSHOT_EVERY",
-                                              kEnvBroadcastRoot,        kEnvOnFailure};
+const std::vector<std::string> kWorkerDrop = {
+    dist::kEnvMasterAddr,      dist::kEnvMasterPort,     "DTRAIN_SNAPSHOT_DIR",
+    "DTRAIN_SNAPSHOT_RESTORE", "DTRAIN_SNAPSHOT_SOURCE", "DTRAIN_SNAPSHOT_EVERY",
+    "DTRAIN_SNAPSHOT_COMMIT",  kEnvBroadcastRoot,        kEnvOnFailure};
 
 Agent::Agent(const LaunchOptions& o)
     : o_(o),

@@ -25,6 +25,7 @@
 #include "fault/launch_events.h"
 #include "fault/launch_util.h"
 #include "fault/worker_process.h"
+#include "train/snapshot_journal.h"
 
 namespace dtrain::fault {
 namespace {
@@ -169,6 +170,8 @@ SnapshotKeeper::~SnapshotKeeper() {
 }
 
 std::vector<int64_t> SnapshotKeeper::local_steps(const std::string& key) const {
+  // Journal commits: the slots' trailers too (a live worker makes files only when asked).
+  if (journal_) return train::snapshot_steps((fs::path(dir_) / key).string(), "snap");
   std::vector<int64_t> out;
   std::ifstream state(fs::path(dir_) / key / "checkpoint");
   static const std::regex line(R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?snap-(\d+)"\s*)re");
@@ -307,6 +310,18 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
   world_size_ = g.world_size;
   std::error_code ec;
   fs::remove_all(fs::path(dir_) / kFetched, ec);
+  // The snapshots of workers that are gone get their files (a live worker's directory is
+  // locked, and skipped: it makes them itself when it needs them).
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    if (!is_rank_directory(e)) continue;
+    try {
+      train::materialize_journal(e.path().string(), "snap");
+    } catch (const Error& err) {
+      say("snapshots: ", err.what());
+    }
+  }
+  // One node: no replica leaves it, and the trailers are read here: journal commits.
+  journal_ = g.nodes.size() <= 1;
 
   // 1. What every member holds (this agent's own workers' snapshots and its neighbour's).
   const auto key_of = [&](int node) {
@@ -492,6 +507,7 @@ std::vector<std::string> SnapshotKeeper::environment(int rank) const {
     out.push_back(str_cat("DTRAIN_SNAPSHOT_SOURCE=", source_.at(rank)));
   }
   out.push_back(str_cat("DTRAIN_SNAPSHOT_EVERY=", o_.every));
+  out.push_back(str_cat("DTRAIN_SNAPSHOT_COMMIT=", journal_ ? "journal" : "files"));
   return out;
 }
 

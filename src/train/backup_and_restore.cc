@@ -252,6 +252,9 @@ bool BackupAndRestore::rejoin_after_failure() {
   auto* strategy = dynamic_cast<distribute::MultiWorkerMirroredStrategy*>(ts.strategy);
   if (strategy == nullptr || ts.loop == nullptr || !strategy->collectives().broken()) return false;
   const int64_t failed = strategy->collectives().generation();
+  // The snapshot the launchers agree on may be one that only a slot's trailer holds so far: its
+  // files exist before the announcement is read (the broadcast's root packs them at once).
+  snapshots_->materialize();
   const NextGeneration next = MemorySnapshots::await_next_generation(failed);
   strategy->rejoin(next.generation);
   if (state_->manager) state_->manager->sync();  // the chief's backups in flight

@@ -284,10 +284,15 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
   // thread beside training only takes the CPU from a training thread (its own worker's or a
   // peer's that its next collective then waits for): there the commit runs on the training
   // thread, which costs that worker less (docs/decisions.md, "Snapshot commits").
+  // With journal commits (one node) there is no commit to move: the trailer makes a snapshot
+  // whole, and its files are made when asked for (docs/decisions.md, "Journal commits").
+  const char* commit = std::getenv(kEnvSnapshotCommit);
+  const bool journal = commit != nullptr && std::string_view(commit) == "journal";
   slots_ = std::make_unique<SnapshotSlots>(
       dir_, *ckpt_,
       SnapshotSlotsOptions{.max_to_keep = kSnapshotsKept,
-                           .commit_in_background = spare_cpu_for_commits()});
+                           .commit_in_background = !journal && spare_cpu_for_commits(),
+                           .journal = journal});
   if (slots_->slots_adopted() > 0) {
     std::cerr << "BackupAndRestore: " << slots_->slots_adopted()
               << " snapshot slots made while standing by\n";
@@ -444,6 +449,8 @@ void MemorySnapshots::flush_commits() {
     std::cerr << "BackupAndRestore: an in-memory snapshot failed: " << e.what() << "\n";
   }
 }
+
+void MemorySnapshots::materialize() { flush_commits(); }
 
 void MemorySnapshots::end() {
   flush_commits();

@@ -51,6 +51,10 @@ inline constexpr const char* kEnvSnapshotRestore = "DTRAIN_SNAPSHOT_RESTORE";
 inline constexpr const char* kEnvSnapshotSource = "DTRAIN_SNAPSHOT_SOURCE";
 inline constexpr const char* kEnvOnFailure = "DTRAIN_ON_FAILURE";
 inline constexpr const char* kEnvSnapshotBroadcastRoot = "DTRAIN_SNAPSHOT_BROADCAST_ROOT";
+// "journal": a snapshot is whole once its slot's trailer is (snapshot_journal.h), and its files
+// are made only when asked for (SnapshotSlotsOptions::journal); the launcher sets it where it
+// reads the trailers (one node: no replica to push). Anything else: files at every snapshot.
+inline constexpr const char* kEnvSnapshotCommit = "DTRAIN_SNAPSHOT_COMMIT";
 // The snapshots each worker keeps (SnapshotSlotsOptions::max_to_keep): the launchers agree on
 // the newest step that every rank holds, and the replication to the neighbour may trail the
 // other workers by a few snapshots.
@@ -98,6 +102,10 @@ class MemorySnapshots {
   // snapshot when it cannot be restored (never falls back silently: the other workers resume
   // from the same step).
   std::optional<std::string> restore_agreed(checkpoint::Checkpoint& ckpt);
+  // Makes the files of the snapshots that only their slots' trailers hold (journal commits): a
+  // survivor, before its launcher names the snapshot to roll back to. Reports a failure on
+  // stderr (that snapshot is then dropped, and the launchers agree on another).
+  void materialize();
   // Whether this worker survives its peers' failures: it runs under `dtrain launch --on-failure
   // survivors` (DTRAIN_ON_FAILURE) with a coordination service.
   static bool survives_failures();

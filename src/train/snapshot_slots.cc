@@ -22,6 +22,7 @@
 #include "dtrain/core/crc32c.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/file.h"
+#include "snapshot_journal.h"
 
 namespace dtrain::train {
 namespace {
@@ -98,16 +99,22 @@ struct SnapshotSlots::Slot {
   }
   // resize(), but within the mapping the file is resized in place and the mapping kept (its
   // pages stay mapped and written).
+  // Either way the trailer's place (the last bytes) holds no whole snapshot afterwards.
   void fit(size_t bytes) {
     if (bytes == size) return;
-    if (map == nullptr || bytes == 0 || bytes > mapped) return resize(bytes);
-    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw_file_error(errno, "resize", path);
-    if (bytes > size) {
-      if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-        throw_file_error(err, "allocate", path);
+    if (map == nullptr || bytes == 0 || bytes > mapped) {
+      resize(bytes);
+    } else {
+      if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) throw_file_error(errno, "resize", path);
+      if (bytes > size) {
+        if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+          throw_file_error(err, "allocate", path);
+        }
       }
+      size = bytes;
     }
-    size = bytes;
+    if (size >= kJournalHeaderBytes)
+      std::memset(map + size - kJournalHeaderBytes, 0, kJournalHeaderBytes);
   }
 };
 
@@ -201,6 +208,9 @@ SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
     throw FailedPreconditionError(
         str_cat("snapshot directory ", dir_, " is in use: another process holds its lock ", lock));
   }
+  // A predecessor's snapshots that only its slots' trailers hold get their files, then its slots
+  // go (the files keep the bytes of the whole ones).
+  materialize_journal_locked(dir_, options_.name);
   remove_leftovers(dir_, options_.name);
   adopt_standby_slots();
   // A predecessor's committed snapshots stay listed and are dropped in turn, as a
@@ -232,10 +242,14 @@ SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
     kept_.push_back(Kept{.step = step,
                          .prefix = prefix,
                          .timestamp = i < times.size() ? times[i] : unix_now(),
-                         .slot = nullptr});
+                         .slot = nullptr,
+                         .index = {},
+                         .files = true});
   }
   while (static_cast<int>(kept_.size()) > options_.max_to_keep) kept_.pop_front();
-  if (options_.commit_in_background) thread_ = std::thread([this] { committer(); });
+  if (options_.commit_in_background && !options_.journal) {
+    thread_ = std::thread([this] { committer(); });
+  }
 }
 
 SnapshotSlots::~SnapshotSlots() {
@@ -281,6 +295,17 @@ std::exception_ptr SnapshotSlots::wait_idle() {
 
 void SnapshotSlots::flush() {
   if (std::exception_ptr error = wait_idle()) std::rethrow_exception(error);
+  if (options_.journal) {
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error = std::exchange(error_, nullptr);
+    }
+    if (error) std::rethrow_exception(error);
+    if (std::any_of(kept_.begin(), kept_.end(), [](const Kept& k) { return !k.files; })) {
+      commit(Pending{});
+    }
+  }
 }
 
 std::string SnapshotSlots::prefix_of(int64_t step) const {
@@ -288,12 +313,22 @@ std::string SnapshotSlots::prefix_of(int64_t step) const {
 }
 
 std::vector<std::string> SnapshotSlots::snapshots() {
-  if (std::exception_ptr error = wait_idle()) {
+  std::exception_ptr error = wait_idle();
+  if (!error && options_.journal) {
+    try {
+      flush();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) {
     std::lock_guard<std::mutex> lock(mu_);
-    error_ = error;  // still the next save()'s to throw
+    error_ = error;  // still the next call's to throw
   }
   std::vector<std::string> out;
-  for (const Kept& k : kept_) out.push_back(k.prefix);
+  for (const Kept& k : kept_) {
+    if (k.files) out.push_back(k.prefix);
+  }
   return out;
 }
 
@@ -332,6 +367,9 @@ void SnapshotSlots::lay_out(const checkpoint::Checkpoint::Contents& c) {
     l.values.push_back(it);
     l.bytes += t.nbytes();
   }
+  // A CRC of 0 is left out of its entry: with every CRC nonzero the index is at its largest.
+  for (auto& e : l.values) e->second.masked_crc32c = 0xffffffffu;
+  l.index_capacity = checkpoint::bundle_index_bytes(1, l.entries, "SnapshotSlots").size();
   layout_ = std::move(l);
 }
 
@@ -350,9 +388,9 @@ std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
     ::flock(slot->fd, LOCK_EX | LOCK_NB);
     ++slots_created_;
   }
-  if (slot->size != layout_.bytes) {
+  if (slot->size != slot_bytes()) {
     try {
-      slot->fit(layout_.bytes);
+      slot->fit(slot_bytes());
     } catch (...) {
       ::unlink(slot->path.c_str());
       throw;
@@ -361,23 +399,34 @@ std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
   return slot;
 }
 
+size_t SnapshotSlots::slot_bytes() const {
+  return journal_slot_bytes(layout_.bytes, layout_.index_capacity);
+}
+
 std::string SnapshotSlots::save(int64_t step) {
-  flush();  // the previous commit: done, or its error instead
+  if (std::exception_ptr error = wait_idle()) std::rethrow_exception(error);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
+  }
   const std::string prefix = prefix_of(step);
-  // Rewriting a listed snapshot (after a rollback): off the list first, so that no reader ever
+  // Rewriting a kept snapshot (after a rollback): off the list first, so that no reader ever
   // takes the new bytes for the old snapshot or a torn mix for either.
   for (auto it = kept_.begin(); it != kept_.end(); ++it) {
     if (it->step != step) continue;
     Kept k = std::move(*it);
     kept_.erase(it);
-    write_state();
+    if (k.files) write_state();
     drop(std::move(k));
     break;
   }
   const checkpoint::Checkpoint::Contents c = ckpt_.contents(/*count_save=*/true);
   if (!matches(c)) lay_out(c);
   std::unique_ptr<Slot> slot = take_spare();
+  const double now = unix_now();
+  std::string index;
   try {
+    journal_begin(slot->map, slot->size);
     // The one pass over the state: each value straight into the slot's pages, with its CRC.
     std::memcpy(slot->map, layout_.graph_bytes.data(), layout_.graph_bytes.size());
     for (size_t i = 0; i < c.tensors.size(); ++i) {
@@ -388,11 +437,33 @@ std::string SnapshotSlots::save(int64_t step) {
       e.masked_crc32c = crc32c::mask(crc32c::extend_copy(
           0, slot->map + static_cast<size_t>(e.offset), t.raw_data(), t.nbytes()));
     }
+    index = checkpoint::bundle_index_bytes(1, layout_.entries, "SnapshotSlots");
+    // Whole from here on, for any reader of the trailer.
+    journal_publish(slot->map, slot->size, step, now, layout_.bytes, index);
   } catch (...) {
     ::unlink(slot->path.c_str());
     throw;
   }
-  Pending p{.step = step, .prefix = prefix, .slot = std::move(slot)};
+  ::flock(slot->fd, LOCK_UN);  // readers may hold it from now on
+  kept_.push_back(Kept{.step = step,
+                       .prefix = prefix,
+                       .timestamp = now,
+                       .slot = std::move(slot),
+                       .index = std::move(index),
+                       .files = false});
+  Pending p;
+  while (static_cast<int>(kept_.size()) > options_.max_to_keep) {
+    p.doomed.push_back(std::move(kept_.front()));
+    kept_.pop_front();
+  }
+  if (options_.journal) {
+    // No files to make: only the dropped snapshots' (made by an earlier flush()) to remove.
+    if (std::any_of(p.doomed.begin(), p.doomed.end(), [](const Kept& k) { return k.files; })) {
+      write_state();
+    }
+    for (Kept& k : p.doomed) drop(std::move(k));
+    return prefix;
+  }
   if (!thread_.joinable()) {
     commit(std::move(p));
     return prefix;
@@ -406,83 +477,63 @@ std::string SnapshotSlots::save(int64_t step) {
 }
 
 void SnapshotSlots::commit(Pending p) {
-  const std::string& prefix = p.prefix;
-  const std::string data = checkpoint::data_filename(prefix, 0, 1);
+  std::vector<int64_t> made;  // the steps whose files this commit makes
   try {
-    // Data first, index last; the state file names it only then.
-    if (::rename(p.slot->path.c_str(), data.c_str()) != 0) throw_file_error(errno, "rename", data);
-    p.slot->path = data;
-    checkpoint::write_bundle_index(prefix, 1, layout_.entries, /*sync=*/false);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove(checkpoint::index_filename(prefix), ec);
-    ::unlink(p.slot->path.c_str());
-    throw;
-  }
-  Slot* written = p.slot.get();
-  kept_.push_back(
-      Kept{.step = p.step, .prefix = prefix, .timestamp = unix_now(), .slot = std::move(p.slot)});
-  std::vector<Kept> doomed;
-  while (static_cast<int>(kept_.size()) > options_.max_to_keep) {
-    doomed.push_back(std::move(kept_.front()));
-    kept_.pop_front();
-  }
-  try {
+    for (Kept& k : kept_) {
+      if (k.files) continue;
+      made.push_back(k.step);
+      // Data and index first; the state file names them only then.
+      link_snapshot_files(k.prefix, k.slot->path, k.index);
+      k.files = true;
+      k.index.clear();
+    }
     write_state();
   } catch (...) {
-    // Not committed: the previous state file stands. The new snapshot's files go.
-    Kept k = std::move(kept_.back());
-    kept_.pop_back();
-    for (auto it = doomed.rbegin(); it != doomed.rend(); ++it) kept_.push_front(std::move(*it));
-    std::error_code ec;
-    fs::remove(checkpoint::index_filename(prefix), ec);
-    fs::remove(data, ec);
+    // Not listed: the previous state file stands. The new snapshots go, the dropped ones stay.
+    for (auto it = kept_.begin(); it != kept_.end();) {
+      if (std::find(made.begin(), made.end(), it->step) == made.end()) {
+        ++it;
+        continue;
+      }
+      Kept k = std::move(*it);
+      it = kept_.erase(it);
+      k.files = true;  // whatever of them exists goes
+      drop(std::move(k));
+    }
+    for (auto it = p.doomed.rbegin(); it != p.doomed.rend(); ++it) {
+      kept_.push_front(std::move(*it));
+    }
     throw;
   }
-  // Committed: readers may hold it from now on.
-  ::flock(written->fd, LOCK_UN);
-  for (Kept& k : doomed) drop(std::move(k));
+  for (Kept& k : p.doomed) drop(std::move(k));
 }
 
 void SnapshotSlots::drop(Kept k) {
   std::error_code ec;
-  // The index first: without it the snapshot is gone for every reader.
-  fs::remove(checkpoint::index_filename(k.prefix), ec);
-  const std::string data = checkpoint::data_filename(k.prefix, 0, 1);
-  if (!k.slot) {
-    fs::remove(data, ec);
-    return;
+  if (k.files) {
+    // The index first: without it the snapshot is gone for every reader.
+    fs::remove(checkpoint::index_filename(k.prefix), ec);
+    fs::remove(checkpoint::data_filename(k.prefix, 0, 1), ec);
   }
-  // Out of reach by its name first; then it is a spare only if no reader holds it (a shared
-  // flock) and no pin links it. Otherwise they keep its bytes, and only the name goes.
+  if (!k.slot) return;
+  // A spare only if no reader holds it (a shared flock) and no pin links it. Otherwise they keep
+  // its bytes, and only its name goes.
   Slot& s = *k.slot;
-  const std::string hidden =
-      (fs::path(dir_) / str_cat(slot_stem(options_.name), ::getpid(), "-", next_slot_++)).string();
-  if (::rename(data.c_str(), hidden.c_str()) != 0) return;  // removed by someone: the slot goes
-  s.path = hidden;
   struct stat st {};
   if (::flock(s.fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(s.fd, &st) == 0 && st.st_nlink == 1) {
+    journal_begin(s.map, s.size);  // no longer whole for a reader of its trailer
     spares_.push_back(std::move(k.slot));
     return;
   }
-  ::unlink(hidden.c_str());
+  ::unlink(s.path.c_str());
 }
 
 void SnapshotSlots::write_state() {
-  // CheckpointManager's text format (checkpoint_state.h): paths relative to the directory.
-  const auto name = [](const Kept& k) { return fs::path(k.prefix).filename().string(); };
-  std::string out =
-      str_cat("model_checkpoint_path: \"", kept_.empty() ? "" : name(kept_.back()), "\"\n");
-  for (const Kept& k : kept_) out += str_cat("all_model_checkpoint_paths: \"", name(k), "\"\n");
-  const auto number = [](double v) {
-    char buf[32];
-    return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);  // shortest exact
-  };
-  for (const Kept& k : kept_)
-    out += str_cat("all_model_checkpoint_timestamps: ", number(k.timestamp), "\n");
-  out += str_cat("last_preserved_timestamp: ",
-                 number(kept_.empty() ? unix_now() : kept_.front().timestamp), "\n");
-  write_file_atomically((fs::path(dir_) / kStateFile).string(), out,
+  std::vector<std::pair<std::string, double>> names;
+  for (const Kept& k : kept_) {
+    if (k.files) names.emplace_back(fs::path(k.prefix).filename().string(), k.timestamp);
+  }
+  write_file_atomically((fs::path(dir_) / kStateFile).string(), snapshot_state_text(names),
                         AtomicFileOptions{.sync = false});
 }
 

@@ -3,33 +3,36 @@
 // TensorFlow-format checkpoint `<dir>/snap-<step>` (`.index` and `.data-00000-of-00001`, listed
 // in the directory's `checkpoint` state file, the newest `max_to_keep` kept), so a snapshot
 // restores with Checkpoint::restore like any checkpoint; what differs from a CheckpointManager's
-// save is how the data file is written:
-//   - the data files are slots: tmpfs files sized once (fallocate), mapped once (MAP_SHARED,
-//     pre-faulted) and rewritten in place by later snapshots, so a snapshot allocates, zeroes,
-//     faults in and frees no page;
+// save is how it is written:
+//   - the data goes into slots: hidden tmpfs files (".snap-slot-...") sized once (fallocate),
+//     mapped once (MAP_SHARED, pre-faulted) and rewritten in place by later snapshots, so a
+//     snapshot allocates, zeroes, faults in and frees no page;
 //   - the calling (training) thread copies every value straight into the slot's pages in one
 //     pass that also takes its CRC-32C (crc32c::extend_copy: the CRC of the words loaded for the
 //     copy, stored past the cache): the copy is the isolation from later updates, and nothing
 //     else reads the state again;
-//   - the index (a few hundred bytes) and the state file are then written and renamed into place,
-//     on the same thread or (commit_in_background, below) on this object's own.
-// The state file names a snapshot only after its data and index are complete, so a writer killed
-// mid-copy leaves nothing listed (its slot file has a hidden name that no reader takes).
+//   - the slot's trailer (snapshot_journal.h: the step, the index's bytes, a sequence number
+//     written last) then makes the snapshot whole, without a system call;
+//   - its files — the index, the data file as a hard link to the slot, the state file — are made
+//     either at once (the default: on the same thread or, commit_in_background, on this object's
+//     own) or, with `journal`, only when something asks for them: flush(), snapshots(), a
+//     successor's constructor, or the launcher's materialize_journal() once this writer is gone.
+//     On a VM whose system calls are slow the files cost twice what the copy does (about 17
+//     calls); readers that can read trailers (the launcher's agreement) need none of them.
+// A writer killed mid-copy leaves an odd sequence number and nothing listed.
 //
-// A dropped snapshot's data file becomes a spare slot only when nothing else can be reading or
-// holding it: it is renamed to a hidden name first (so no new reader or hard link can reach it
-// by its old name), then kept only if this process gets an exclusive flock on it (readers —
-// BundleReader, the launcher's replicator — hold a shared one while they read) and it has no
-// other link (the launcher pins a snapshot by hard-linking its files). Otherwise its name is
-// removed and the reader or the pin keeps the bytes; a new slot is made for the next snapshot.
-// A slot stays exclusively locked from then until the snapshot written into it is committed.
+// A dropped snapshot's slot becomes a spare only when nothing else can be reading or holding it:
+// its files are removed first (the index first, so no new reader takes it), then it is kept only
+// if this process gets an exclusive flock on it (readers — BundleReader, the launcher's
+// replicator — hold a shared one while they read) and it has no other link (the launcher pins a
+// snapshot by hard-linking its files). Otherwise its name is removed and the reader or the pin
+// keeps the bytes; a new slot is made for the next snapshot. A slot stays exclusively locked from
+// then until the snapshot written into it is whole.
 //
-// With `commit_in_background`, save() returns once the copy is made (the state is isolated from
-// later updates then) and a thread of this object renames the data file, writes the index and
-// the state file and drops the oldest snapshot (about two thirds of a snapshot's time on the
-// training thread otherwise); the next save(), snapshots() and flush() wait for that commit
-// first, so one commit at most is in flight and a commit's error is thrown by the call after it.
-// Thread-compatible: one thread calls save().
+// With `commit_in_background`, save() returns once the copy is made and whole, and a thread of
+// this object makes its files and drops the oldest snapshot; the next save(), snapshots() and
+// flush() wait for that commit first, so one commit at most is in flight and a commit's error is
+// thrown by the call after it. Thread-compatible: one thread calls save().
 #pragma once
 
 #include <atomic>
@@ -54,6 +57,7 @@ struct SnapshotSlotsOptions {
   int max_to_keep = 6;                // committed snapshots listed in the state file
   std::string name = "snap";          // file prefix inside the directory: <name>-<step>
   bool commit_in_background = false;  // see above
+  bool journal = false;               // files only on demand (see above)
 };
 
 class SnapshotSlots {
@@ -69,17 +73,20 @@ class SnapshotSlots {
   SnapshotSlots& operator=(const SnapshotSlots&) = delete;
 
   // Writes `ckpt`'s current values as `<dir>/<name>-<step>` and commits it (counting a save of
-  // `ckpt`, as CheckpointManager::save does); a listed snapshot of the same step (a rollback)
+  // `ckpt`, as CheckpointManager::save does); a kept snapshot of the same step (a rollback)
   // is replaced, after it is taken off the list. Returns the prefix. Throws
   // ResourceExhaustedError when tmpfs is full and other file errors naming the path; the
-  // snapshots listed before stay intact and listed. In the background: the commit of the
+  // snapshots kept before stay intact and listed. In the background: the commit of the
   // previous save is waited for first, and its error (if it failed) is thrown instead, before
   // anything of this one is done.
   std::string save(int64_t step);
-  // Waits for the commit in flight, if any, and throws its error.
+  // Waits for the commit in flight, if any, and throws its error; with `journal`, makes the
+  // files of the snapshots that have none yet (a snapshot whose files fail is dropped, and the
+  // error thrown).
   void flush();
 
-  // The committed snapshots' prefixes, oldest first (after the commit in flight).
+  // The kept snapshots' prefixes, oldest first, each with its files (after the commit in
+  // flight; with `journal`, after flush(), whose error the next call throws).
   std::vector<std::string> snapshots();
   // Slot files created so far (a measure of the reuse: stays at max_to_keep + 1 when nothing
   // holds dropped snapshots).
@@ -108,10 +115,11 @@ class SnapshotSlots {
   // The constructor's part: prepare_standby_slots()'s slots, renamed into dir_, as spares.
   void adopt_standby_slots();
   struct Layout {
-    std::string graph;        // the object graph it was laid out for
-    std::string graph_bytes;  // the object graph as a DT_STRING tensor's bytes
-    uint32_t graph_crc = 0;   // their CRC (unmasked)
-    size_t bytes = 0;         // of the data file
+    std::string graph;          // the object graph it was laid out for
+    std::string graph_bytes;    // the object graph as a DT_STRING tensor's bytes
+    uint32_t graph_crc = 0;     // their CRC (unmasked)
+    size_t bytes = 0;           // of the data file
+    size_t index_capacity = 0;  // the largest index its entries can have (every CRC nonzero)
     // The index's entries, laid out (the object graph first, then the values at their offsets):
     // a snapshot only sets the values' CRCs, through `values` (in the contents' order; map
     // nodes stay put, also when the map is moved).
@@ -123,14 +131,16 @@ class SnapshotSlots {
     std::string prefix;
     double timestamp;
     std::unique_ptr<Slot> slot;  // null: a predecessor's snapshot
+    std::string index;           // its index's bytes, until its files are made
+    bool files = false;          // its index and data file exist and the state file may list it
   };
 
-  struct Pending {  // a copied snapshot to commit
-    int64_t step;
-    std::string prefix;
-    std::unique_ptr<Slot> slot;
+  struct Pending {  // the snapshots a commit drops once the new ones are listed
+    std::vector<Kept> doomed;
   };
-  // Renames the copy into place, writes its index and the state file, drops the oldest.
+  // Makes the files of the kept snapshots that have none, writes the state file, then drops
+  // `p.doomed`. When it fails, the snapshots it was making files for are dropped and `p.doomed`
+  // kept, as before the save.
   void commit(Pending p);
   void committer();  // the background thread's loop
   // Waits until no commit is in flight; returns its error (null when none).
@@ -139,8 +149,11 @@ class SnapshotSlots {
   bool matches(const checkpoint::Checkpoint::Contents& c) const;
   void lay_out(const checkpoint::Checkpoint::Contents& c);
   std::unique_ptr<Slot> take_spare();
-  // Takes `k` off the disk: its index is removed, its data file becomes a spare or is removed.
+  // Takes `k` off the disk: its files are removed (the index first), its slot becomes a spare
+  // (its trailer no longer whole) or, when a reader or a pin holds it, is unlinked.
   void drop(Kept k);
+  // The bytes of a slot for the current layout.
+  size_t slot_bytes() const;
   void write_state();
   std::string prefix_of(int64_t step) const;
 

@@ -231,19 +231,21 @@ void serve_spare_forks(const std::string& fd_text) {
 // Set when the assignment arrives: the slot-preparing thread makes no more slots.
 std::atomic<bool> g_assigned{false};
 
-// The largest snapshot data file in the workers' directories under `root` (the size of a
-// worker's snapshot of this job); 0 when there is none yet.
+// The largest snapshot slot or data file in the workers' directories under `root` (the size of
+// a worker's snapshot of this job); 0 when there is none yet.
 size_t largest_snapshot_data(const std::string& root) {
   namespace fs = std::filesystem;
   static const std::string kData = ".data-00000-of-00001";
+  static const std::string kSlot = ".snap-slot-";
   size_t largest = 0;
   std::error_code ec;
   for (const auto& d : fs::directory_iterator(root, ec)) {
     if (!d.is_directory(ec)) continue;
     for (const auto& f : fs::directory_iterator(d.path(), ec)) {
       const std::string n = f.path().filename().string();
-      if (n.size() <= kData.size() || n.compare(n.size() - kData.size(), kData.size(), kData) != 0)
-        continue;
+      const bool data =
+          n.size() > kData.size() && n.compare(n.size() - kData.size(), kData.size(), kData) == 0;
+      if (!data && n.rfind(kSlot, 0) != 0) continue;
       const auto bytes = f.file_size(ec);
       if (!ec) largest = std::max(largest, static_cast<size_t>(bytes));
     }

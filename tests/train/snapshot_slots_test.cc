@@ -3,9 +3,12 @@
 // are rewritten in place (no new file per snapshot), except one that a reader holds with a shared
 // flock or a pin hard-links, whose bytes stay those of its own snapshot; a rewritten step
 // (a rollback) replaces the listed one; and a writer killed with SIGKILL at random moments, mid-
-// copy included, never leaves a torn snapshot listed. Each with the commit on the calling thread
-// and on the slots' own (commit_in_background, flushed before the files are looked at), and a
-// commit that fails: its error comes from the next call, and what was listed before stays.
+// copy included, never leaves a torn snapshot listed. Each with the commit on the calling thread,
+// on the slots' own (commit_in_background, flushed before the files are looked at) and by journal
+// (files made by flush(), or by a successor), and a commit that fails: its error comes from the
+// next call, and what was listed before stays. Journal commits: a snapshot is whole with no file
+// made, its trailer lists it for another process, and materialize_journal() makes its files once
+// its writer is gone (never while it lives).
 #include "train/snapshot_slots.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +36,7 @@
 #include "dtrain/distribute/launcher_env.h"
 #include "testutil/expect_throws.h"
 #include "train/memory_snapshots.h"
+#include "train/snapshot_journal.h"
 
 namespace dtrain::train {
 namespace {
@@ -99,18 +104,30 @@ ino_t inode(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
 }
 
-// The parameter: commit_in_background.
-class SnapshotSlotsModes : public ::testing::TestWithParam<bool> {
+// The parameter: how snapshots are committed.
+enum Mode { kOnTheCallingThread, kInTheBackground, kByJournal };
+
+class SnapshotSlotsModes : public ::testing::TestWithParam<Mode> {
  protected:
   SnapshotSlotsOptions options(int max_to_keep = 6) const {
-    return {.max_to_keep = max_to_keep, .commit_in_background = GetParam()};
+    return {.max_to_keep = max_to_keep,
+            .commit_in_background = GetParam() == kInTheBackground,
+            .journal = GetParam() == kByJournal};
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Commit, SnapshotSlotsModes, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? std::string("InTheBackground")
-                                          : std::string("OnTheCallingThread");
+INSTANTIATE_TEST_SUITE_P(Commit, SnapshotSlotsModes,
+                         ::testing::Values(kOnTheCallingThread, kInTheBackground, kByJournal),
+                         [](const ::testing::TestParamInfo<Mode>& p) {
+                           switch (p.param) {
+                             case kOnTheCallingThread:
+                               return std::string("OnTheCallingThread");
+                             case kInTheBackground:
+                               return std::string("InTheBackground");
+                             case kByJournal:
+                               return std::string("ByJournal");
+                           }
+                           return std::string("Unknown");
                          });
 
 TEST_P(SnapshotSlotsModes, EverySnapshotRestoresBitwiseAndSlotsAreReused) {
@@ -138,14 +155,14 @@ TEST_P(SnapshotSlotsModes, EverySnapshotRestoresBitwiseAndSlotsAreReused) {
   // Seven slot files (six kept, one being written) served thirty snapshots.
   EXPECT_EQ(slots.slots_created(), 7);
   EXPECT_EQ(data_inodes.size(), 7u);
-  // Nothing else is in the directory: six snapshots, the state file, the lock, and the spare
-  // slot (snapshot 240's data file, hidden) that the next snapshot is written into.
+  // Nothing else is in the directory: six snapshots, the state file, the lock, and the seven
+  // slots (hidden names; six of them linked as the snapshots' data files).
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir.path)) {
     (void)e;
     ++files;
   }
-  EXPECT_EQ(files, 6 * 2 + 2 + 1);
+  EXPECT_EQ(files, 6 * 2 + 2 + 7);
 }
 
 TEST_P(SnapshotSlotsModes, AReadersLockOrAPinKeepsADroppedSnapshotsBytes) {
@@ -232,8 +249,8 @@ TEST_P(SnapshotSlotsModes, AFailedCommitKeepsWhatWasListedAndSaysWhy) {
   slots.flush();
   fs::create_directories(dir.path + "/snap-2.index");
   live.set(2);
-  if (GetParam()) {
-    slots.save(2);  // copied; the commit fails beside it
+  if (GetParam() != kOnTheCallingThread) {
+    slots.save(2);  // copied; the commit fails beside it, or when the files are asked for
     testutil::expect_throws_with<Error>([&] { slots.flush(); }, {"snap-2.index"});
   } else {
     testutil::expect_throws_with<Error>([&] { slots.save(2); }, {"snap-2.index"});
@@ -321,6 +338,93 @@ int files_in(const std::string& dir) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); ++it) ++n;
   return n;
+}
+
+// The names in `dir`, sorted.
+std::vector<std::string> names_in(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Journal commits: once its slots exist, a snapshot changes no name in the directory (no file is
+// made, renamed or removed: the commit is the slot's trailer); another process reads the kept
+// steps from the trailers; and the files, made on demand, restore bitwise.
+TEST(SnapshotSlots, AJournaledSnapshotIsWholeWithoutAFileMade) {
+  ShmDir dir;
+  State live;
+  checkpoint::Checkpoint ckpt(live.children());
+  SnapshotSlots slots(dir.path, ckpt, {.max_to_keep = 3, .journal = true});
+  for (int64_t step = 1; step <= 4; ++step) {  // four slots: three kept, one written
+    live.set(step);
+    slots.save(step);
+  }
+  const std::vector<std::string> before = names_in(dir.path);
+  for (int64_t step = 5; step <= 20; ++step) {
+    live.set(step);
+    slots.save(step);
+    EXPECT_EQ(names_in(dir.path), before) << "a journaled snapshot changed the directory";
+    EXPECT_EQ(snapshot_steps(dir.path, "snap"), (std::vector<int64_t>{step - 2, step - 1, step}));
+  }
+  EXPECT_FALSE(fs::exists(dir.path + "/snap-20.index"));
+  EXPECT_FALSE(materialize_journal(dir.path, "snap")) << "the writer lives: its lock is held";
+  live.set(999);
+  EXPECT_EQ(slots.snapshots(),
+            (std::vector<std::string>{dir.path + "/snap-18", dir.path + "/snap-19",
+                                      dir.path + "/snap-20"}));
+  for (int64_t step : {18, 19, 20}) {
+    EXPECT_EQ(restored(dir.path + "/snap-" + std::to_string(step)), expected(step));
+  }
+  EXPECT_EQ(checkpoint::latest_checkpoint(dir.path), dir.path + "/snap-20");
+  // After the files were made, the next snapshots drop theirs as they go.
+  for (int64_t step = 21; step <= 23; ++step) {
+    live.set(step);
+    slots.save(step);
+  }
+  EXPECT_FALSE(fs::exists(dir.path + "/snap-18.index"));
+  EXPECT_FALSE(fs::exists(dir.path + "/snap-20.data-00000-of-00001"));
+  EXPECT_EQ(snapshot_steps(dir.path, "snap"), (std::vector<int64_t>{21, 22, 23}));
+}
+
+// A journaled snapshot whose writer is gone (here: destroyed without a flush, as a killed one)
+// gets its files from materialize_journal(), and a torn trailer — a slot being written — lists
+// nothing.
+TEST(SnapshotSlots, AGoneWritersJournalIsMaterializedAndATornOneIsNot) {
+  ShmDir dir;
+  State live;
+  checkpoint::Checkpoint ckpt(live.children());
+  {
+    SnapshotSlots slots(dir.path, ckpt, {.max_to_keep = 2, .journal = true});
+    for (int64_t step : {10, 20, 30}) {
+      live.set(step);
+      slots.save(step);
+    }
+  }
+  // The slot of the dropped step 10 is a spare: its trailer holds no whole snapshot.
+  EXPECT_EQ(snapshot_steps(dir.path, "snap"), (std::vector<int64_t>{20, 30}));
+  // Step 30's slot torn, as by a writer killed mid-copy.
+  std::string slot30;
+  for (const JournaledSnapshot& j : journaled_snapshots(dir.path, "snap")) {
+    if (j.record.step == 30) slot30 = j.slot;
+  }
+  ASSERT_FALSE(slot30.empty());
+  {
+    const int fd = ::open(slot30.c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const auto size = static_cast<size_t>(fs::file_size(slot30));
+    uint64_t seq = 0;
+    const off_t at = static_cast<off_t>(size - kJournalHeaderBytes + 8);
+    ASSERT_EQ(::pread(fd, &seq, 8, at), 8);
+    ++seq;  // odd: being written
+    ASSERT_EQ(::pwrite(fd, &seq, 8, at), 8);
+    ::close(fd);
+  }
+  EXPECT_EQ(snapshot_steps(dir.path, "snap"), (std::vector<int64_t>{20}));
+  EXPECT_TRUE(materialize_journal(dir.path, "snap"));
+  EXPECT_EQ(checkpoint::latest_checkpoint(dir.path), dir.path + "/snap-20");
+  EXPECT_EQ(restored(dir.path + "/snap-20"), expected(20));
+  EXPECT_FALSE(fs::exists(dir.path + "/snap-30.index"));
 }
 
 // A hot spare's slots, made while it stands by (prepare_standby_slots), are the first slots of

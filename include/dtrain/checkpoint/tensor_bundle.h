@@ -90,6 +90,10 @@ void merge_bundle_entries(BundleEntries& merged, const BundleEntries& shard,
 // < num_shards and that every partitioned tensor's slices are present (InvalidArgumentError).
 void write_bundle_index(const std::string& prefix, int num_shards, const BundleEntries& entries,
                         bool sync);
+// The bytes write_bundle_index() writes for `entries` (no checks; `where` names the caller in
+// the errors of malformed entries), for a writer that keeps the index elsewhere first.
+std::string bundle_index_bytes(int num_shards, const BundleEntries& entries,
+                               const std::string& where);
 
 struct BundleWriterOptions {
   bool sync = true;            // fsync each file and the directory after each rename (crash safety)

@@ -93,7 +93,7 @@ inline std::string tf_config(const std::vector<int>& ports, int index) {
          std::to_string(index) + "}}";
 }
 
-using testutil::free_port;      // a port that was free on 127.0.0.1 a moment ago
+using testutil::free_port;      // a port on 127.0.0.1 reserved for this test process
 using testutil::make_temp_dir;  // a fresh directory under /tmp; the caller removes it
 
 }  // namespace dtrain::testing

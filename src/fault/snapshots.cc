@@ -122,6 +122,27 @@ std::optional<SnapshotFiles> read_snapshot(const fs::path& dir, int64_t step) {
   return files;
 }
 
+// pin_local's part for a snapshot that only its slot holds: links the slot and writes its index
+// into `staging`; false when it was dropped or rewritten meanwhile.
+bool pin_slot(const fs::path& rank_dir, int64_t step, const fs::path& staging) {
+  for (const train::JournaledSnapshot& j : train::journaled_snapshots(rank_dir.string(), "snap")) {
+    if (j.record.step != step) continue;
+    const fs::path data = staging / str_cat("snap-", step, ".data-00000-of-00001");
+    if (::link(j.slot.c_str(), data.c_str()) != 0) return false;
+    // Through the link: a worker that drops the slot from now on sees a second link and never
+    // rewrites it; one that took it before is rewriting it (locked) or has (another step).
+    const int fd = ::open(data.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const std::optional<train::JournalRecord> r = train::read_whole(fd, step);
+    ::close(fd);
+    if (!r) return false;
+    write_file_atomically((staging / str_cat("snap-", step, ".index")).string(), r->index,
+                          AtomicFileOptions{.sync = false});
+    return true;
+  }
+  return false;
+}
+
 void write_snapshot(const fs::path& dir, int64_t step, const SnapshotFiles& files) {
   fs::create_directories(dir);
   for (const auto& [suffix, bytes] : files) {
@@ -170,22 +191,19 @@ SnapshotKeeper::~SnapshotKeeper() {
 }
 
 std::vector<int64_t> SnapshotKeeper::local_steps(const std::string& key) const {
-  // Journal commits: the slots' trailers too (a live worker makes files only when asked).
-  if (journal_) return train::snapshot_steps((fs::path(dir_) / key).string(), "snap");
-  std::vector<int64_t> out;
-  std::ifstream state(fs::path(dir_) / key / "checkpoint");
-  static const std::regex line(R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?snap-(\d+)"\s*)re");
-  std::string text;
-  while (std::getline(state, text)) {
-    std::smatch m;
-    if (std::regex_match(text, m, line)) out.push_back(std::stoll(m[1].str()));
-  }
-  return out;
+  // The slots' trailers and the state file (a live worker makes files only when asked).
+  return train::snapshot_steps((fs::path(dir_) / key).string(), "snap");
 }
 
 std::optional<SnapshotFiles> SnapshotKeeper::read_local(const std::string& key,
                                                         int64_t step) const {
-  return read_snapshot(fs::path(dir_) / key, step);
+  const fs::path dir = fs::path(dir_) / key;
+  if (std::optional<SnapshotFiles> files = read_snapshot(dir, step)) return files;
+  // Only in its slot (no files made): read under the slot's lock.
+  std::optional<train::JournaledBytes> j = train::read_journaled(dir.string(), "snap", step);
+  if (!j) return std::nullopt;
+  return SnapshotFiles{{".data-00000-of-00001", std::move(j->data)},
+                       {".index", std::move(j->index)}};
 }
 
 void SnapshotKeeper::store_peer(const std::string& key, int64_t step, SnapshotFiles files) {
@@ -224,9 +242,15 @@ void SnapshotKeeper::pin_local(int world_size, int64_t step) {
       whole = ::link(f.path().c_str(), (staging / n).c_str()) == 0;
       ++linked;
     }
+    // Only in its slot (no files made): the slot itself is linked.
+    bool from_slot = false;
+    if (whole && linked == 0) {
+      from_slot = whole = pin_slot(e.path(), step, staging);
+      linked = 2;
+    }
     // Every link is of the file its name held, and still holds, for a step still committed:
     // a snapshot rewritten while it was linked (a rollback rewrites a step) fails the pin.
-    if (whole && linked >= 2) {
+    if (whole && linked >= 2 && !from_slot) {
       for (const auto& f : fs::directory_iterator(staging, ec)) {
         struct stat pinned_st {};
         struct stat named_st {};
@@ -320,8 +344,6 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
       say("snapshots: ", err.what());
     }
   }
-  // One node: no replica leaves it, and the trailers are read here: journal commits.
-  journal_ = g.nodes.size() <= 1;
 
   // 1. What every member holds (this agent's own workers' snapshots and its neighbour's).
   const auto key_of = [&](int node) {
@@ -507,7 +529,7 @@ std::vector<std::string> SnapshotKeeper::environment(int rank) const {
     out.push_back(str_cat("DTRAIN_SNAPSHOT_SOURCE=", source_.at(rank)));
   }
   out.push_back(str_cat("DTRAIN_SNAPSHOT_EVERY=", o_.every));
-  out.push_back(str_cat("DTRAIN_SNAPSHOT_COMMIT=", journal_ ? "journal" : "files"));
+  out.push_back("DTRAIN_SNAPSHOT_COMMIT=journal");  // this agent reads the slots' trailers
   return out;
 }
 

@@ -92,7 +92,6 @@ class SnapshotKeeper {
   std::unique_ptr<SnapshotServer> server_;
   std::string address_;
   int world_size_ = 0;                  // the prepared generation's
-  bool journal_ = false;                // its workers commit snapshots by journal (one node)
   std::map<int, std::string> restore_;  // rank → prefix to restore
   std::map<int, std::string> source_;   // rank → where it came from
 

@@ -284,7 +284,7 @@ void MemorySnapshots::begin(std::vector<std::pair<std::string, checkpoint::Track
   // thread beside training only takes the CPU from a training thread (its own worker's or a
   // peer's that its next collective then waits for): there the commit runs on the training
   // thread, which costs that worker less (docs/decisions.md, "Snapshot commits").
-  // With journal commits (one node) there is no commit to move: the trailer makes a snapshot
+  // With journal commits there is no commit to move: the trailer makes a snapshot
   // whole, and its files are made when asked for (docs/decisions.md, "Journal commits").
   const char* commit = std::getenv(kEnvSnapshotCommit);
   const bool journal = commit != nullptr && std::string_view(commit) == "journal";

@@ -52,8 +52,8 @@ inline constexpr const char* kEnvSnapshotSource = "DTRAIN_SNAPSHOT_SOURCE";
 inline constexpr const char* kEnvOnFailure = "DTRAIN_ON_FAILURE";
 inline constexpr const char* kEnvSnapshotBroadcastRoot = "DTRAIN_SNAPSHOT_BROADCAST_ROOT";
 // "journal": a snapshot is whole once its slot's trailer is (snapshot_journal.h), and its files
-// are made only when asked for (SnapshotSlotsOptions::journal); the launcher sets it where it
-// reads the trailers (one node: no replica to push). Anything else: files at every snapshot.
+// are made only when asked for (SnapshotSlotsOptions::journal); `dtrain launch` sets it (its
+// agent reads the trailers). Anything else: files at every snapshot.
 inline constexpr const char* kEnvSnapshotCommit = "DTRAIN_SNAPSHOT_COMMIT";
 // The snapshots each worker keeps (SnapshotSlotsOptions::max_to_keep): the launchers agree on
 // the newest step that every rank holds, and the replication to the neighbour may trail the

@@ -209,6 +209,32 @@ std::vector<int64_t> snapshot_steps(const std::string& dir, const std::string& n
   return out;
 }
 
+std::optional<JournalRecord> read_whole(int fd, int64_t step) {
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) return std::nullopt;  // being written or reused
+  std::optional<JournalRecord> r = read_journal(fd);
+  if (!r || r->step != step) return std::nullopt;
+  return r;
+}
+
+std::optional<JournaledBytes> read_journaled(const std::string& dir, const std::string& name,
+                                             int64_t step) {
+  for (const JournaledSnapshot& j : journaled_snapshots(dir, name)) {
+    if (j.record.step != step) continue;
+    const int fd = ::open(j.slot.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::nullopt;  // dropped meanwhile
+    std::optional<JournaledBytes> out;
+    // Under the lock the trailer read is the one of the bytes read.
+    if (std::optional<JournalRecord> r = read_whole(fd, step)) {
+      JournaledBytes b{.slot = j.slot, .index = std::move(r->index), .data = {}};
+      b.data.resize(r->data_bytes);
+      if (pread_all(fd, b.data.data(), b.data.size(), 0)) out = std::move(b);
+    }
+    ::close(fd);
+    return out;
+  }
+  return std::nullopt;
+}
+
 void link_snapshot_files(const std::string& prefix, const std::string& slot,
                          const std::string& index) {
   const std::string data = checkpoint::data_filename(prefix, 0, 1);

@@ -61,6 +61,20 @@ std::vector<JournaledSnapshot> journaled_snapshots(const std::string& dir, const
 // trailers hold, ascending, each once.
 std::vector<int64_t> snapshot_steps(const std::string& dir, const std::string& name);
 
+// The bytes of the whole snapshot of `step` that a slot of writer `name` in `dir` holds, read
+// under a shared flock on the slot (a writer reuses only a slot it can lock exclusively, so a
+// live writer's snapshot is read whole or not at all); nullopt when no slot holds it whole.
+struct JournaledBytes {
+  std::string slot;   // the slot file's path
+  std::string index;  // the `.index` file's bytes
+  std::string data;   // the `.data-00000-of-00001` file's bytes
+};
+std::optional<JournaledBytes> read_journaled(const std::string& dir, const std::string& name,
+                                             int64_t step);
+// The trailer of the open slot file `fd` when it holds the whole snapshot of `step` and no
+// writer is rewriting it: takes a shared flock on `fd` (kept until `fd` is closed) first.
+std::optional<JournalRecord> read_whole(int fd, int64_t step);
+
 // `<prefix>.index` (from `index`) and `<prefix>.data-00000-of-00001` (a hard link to `slot`),
 // replacing what those names held. Throws file errors naming the path.
 void link_snapshot_files(const std::string& prefix, const std::string& slot,

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "chaos.h"
+#include "train/snapshot_journal.h"
 
 namespace dtrain::testing {
 namespace {
@@ -55,14 +56,10 @@ int64_t newest_snapshot(const fs::path& root, int rank) {
   int64_t best = -1;
   std::error_code ec;
   for (const auto& agent : fs::directory_iterator(root, ec)) {
-    std::ifstream state(agent.path() / ("w2-r" + std::to_string(rank)) / "checkpoint");
-    std::string line;
-    while (std::getline(state, line)) {
-      const size_t at = line.find("snap-");
-      if (line.rfind("model_checkpoint_path", 0) == 0 && at != std::string::npos) {
-        best = std::max<int64_t>(best, std::stoll(line.substr(at + 5)));
-      }
-    }
+    // What the slots' trailers and the state file hold (journal commits make no files).
+    const auto steps =
+        train::snapshot_steps((agent.path() / ("w2-r" + std::to_string(rank))).string(), "snap");
+    if (!steps.empty()) best = std::max<int64_t>(best, steps.back());
   }
   return best;
 }

@@ -69,30 +69,6 @@ bool pread_all(int fd, void* into, size_t n, off_t at) {
 
 std::string slot_stem(const std::string& name) { return str_cat(".", name, "-slot-"); }
 
-// The snapshots `dir`'s state file lists (file names), with their timestamps, oldest first.
-std::vector<std::pair<std::string, double>> listed(const std::string& dir) {
-  std::ifstream state(fs::path(dir) / kStateFile);
-  static const std::regex path_line(
-      R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?([^/"]+)"\s*)re");
-  static const std::regex time_line(R"re(\s*all_model_checkpoint_timestamps:\s*(\S+)\s*)re");
-  std::vector<std::string> names;
-  std::vector<double> times;
-  std::string line;
-  while (std::getline(state, line)) {
-    std::smatch m;
-    if (std::regex_match(line, m, path_line)) {
-      names.push_back(m[1].str());
-    } else if (std::regex_match(line, m, time_line)) {
-      times.push_back(std::strtod(m[1].str().c_str(), nullptr));
-    }
-  }
-  std::vector<std::pair<std::string, double>> out;
-  for (size_t i = 0; i < names.size(); ++i) {
-    out.emplace_back(names[i], i < times.size() ? times[i] : 0.0);
-  }
-  return out;
-}
-
 // The step of snapshot file name `<name>-<step>`, or nullopt.
 std::optional<int64_t> step_of(const std::string& file, const std::string& name) {
   const std::string own = name + "-";
@@ -196,14 +172,39 @@ std::vector<JournaledSnapshot> journaled_snapshots(const std::string& dir,
   return out;
 }
 
+std::vector<ListedSnapshot> listed_snapshots(const std::string& dir, const std::string& name) {
+  std::ifstream state(fs::path(dir) / kStateFile);
+  static const std::regex path_line(
+      R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?([^/"]+)"\s*)re");
+  static const std::regex time_line(R"re(\s*all_model_checkpoint_timestamps:\s*(\S+)\s*)re");
+  std::vector<std::string> names;
+  std::vector<double> times;
+  std::string line;
+  while (std::getline(state, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, path_line)) {
+      names.push_back(m[1].str());
+    } else if (std::regex_match(line, m, time_line)) {
+      times.push_back(std::strtod(m[1].str().c_str(), nullptr));
+    }
+  }
+  std::vector<ListedSnapshot> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::optional<int64_t> step = step_of(names[i], name);
+    if (!step) continue;
+    out.push_back({.step = *step,
+                   .file = names[i],
+                   .timestamp = i < times.size() ? std::optional<double>(times[i]) : std::nullopt});
+  }
+  return out;
+}
+
 std::vector<int64_t> snapshot_steps(const std::string& dir, const std::string& name) {
   std::vector<int64_t> out;
   // The slots first: a writer that makes a slot's files keeps the slot, so a snapshot is never
   // in neither place.
   for (const JournaledSnapshot& j : journaled_snapshots(dir, name)) out.push_back(j.record.step);
-  for (const auto& [file, time] : listed(dir)) {
-    if (const std::optional<int64_t> step = step_of(file, name)) out.push_back(*step);
-  }
+  for (const ListedSnapshot& l : listed_snapshots(dir, name)) out.push_back(l.step);
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
@@ -269,8 +270,8 @@ void materialize_journal_locked(const std::string& dir, const std::string& name)
   const std::vector<JournaledSnapshot> slots = journaled_snapshots(dir, name);
   if (slots.empty()) return;
   std::map<int64_t, std::pair<std::string, double>> by_step;
-  for (const auto& [file, time] : listed(dir)) {
-    if (const std::optional<int64_t> step = step_of(file, name)) by_step[*step] = {file, time};
+  for (const ListedSnapshot& l : listed_snapshots(dir, name)) {
+    by_step[l.step] = {l.file, l.timestamp.value_or(0)};
   }
   for (const JournaledSnapshot& j : slots) {
     const std::string file = str_cat(name, "-", j.record.step);

@@ -57,6 +57,14 @@ struct JournaledSnapshot {
   JournalRecord record;
 };
 std::vector<JournaledSnapshot> journaled_snapshots(const std::string& dir, const std::string& name);
+// The snapshots of writer `name` (files `<name>-<step>`) that `dir`'s `checkpoint` state file
+// lists, oldest first, with their timestamps when it gives them.
+struct ListedSnapshot {
+  int64_t step = 0;
+  std::string file;  // `<name>-<step>`
+  std::optional<double> timestamp;
+};
+std::vector<ListedSnapshot> listed_snapshots(const std::string& dir, const std::string& name);
 // The steps of the whole snapshots in `dir`: those its state file lists and those its slots'
 // trailers hold, ascending, each once.
 std::vector<int64_t> snapshot_steps(const std::string& dir, const std::string& name);

@@ -16,8 +16,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <regex>
 
 #include "dtrain/core/crc32c.h"
 #include "dtrain/core/error.h"
@@ -215,33 +213,12 @@ SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
   adopt_standby_slots();
   // A predecessor's committed snapshots stay listed and are dropped in turn, as a
   // CheckpointManager continues the retention of its state file.
-  std::ifstream state(fs::path(dir_) / kStateFile);
-  static const std::regex path_line(
-      R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?([^/"]+)"\s*)re");
-  static const std::regex time_line(R"re(\s*all_model_checkpoint_timestamps:\s*(\S+)\s*)re");
-  std::vector<std::string> names;
-  std::vector<double> times;
-  std::string line;
-  while (std::getline(state, line)) {
-    std::smatch m;
-    if (std::regex_match(line, m, path_line)) {
-      names.push_back(m[1].str());
-    } else if (std::regex_match(line, m, time_line)) {
-      times.push_back(std::strtod(m[1].str().c_str(), nullptr));
-    }
-  }
-  const std::string own = options_.name + "-";
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string& n = names[i];
-    if (n.rfind(own, 0) != 0) continue;
-    char* end = nullptr;
-    const long long step = std::strtoll(n.c_str() + own.size(), &end, 10);
-    if (end == n.c_str() + own.size() || *end != '\0') continue;
-    const std::string prefix = prefix_of(step);
+  for (const ListedSnapshot& l : listed_snapshots(dir_, options_.name)) {
+    const std::string prefix = prefix_of(l.step);
     if (!fs::exists(checkpoint::index_filename(prefix), ec)) continue;
-    kept_.push_back(Kept{.step = step,
+    kept_.push_back(Kept{.step = l.step,
                          .prefix = prefix,
-                         .timestamp = i < times.size() ? times[i] : unix_now(),
+                         .timestamp = l.timestamp.value_or(unix_now()),
                          .slot = nullptr,
                          .index = {},
                          .files = true});

@@ -110,6 +110,11 @@ void add_launch_command(CLI::App& app, std::function<int()>& run) {
                   "memory every this many steps (replicated to a neighbour node); a restart "
                   "resumes from there before any disk read (0: none)")
       ->capture_default_str();
+  cmd->add_option("--snapshot-commit", options.snapshot_commit,
+                  "journal: a snapshot is whole once its slot's trailer is, and its TensorFlow "
+                  "files are made when needed; files: every snapshot makes them at once (about "
+                  "17 system calls each)")
+      ->capture_default_str();
   cmd->add_option("--on-failure", options.on_failure,
                   "restart-all: every failure restarts every worker; survivors: only the failed "
                   "workers restart, the others keep running and roll back to the newest "

@@ -125,7 +125,8 @@ Agent::Agent(const LaunchOptions& o)
                               .root = o_.snapshot_root,
                               .run_id = o_.run_id,
                               .node = o_.node_rank,
-                              .host = snapshot_agent_host(rendezvous_.service())});
+                              .host = snapshot_agent_host(rendezvous_.service()),
+                              .journal = o_.snapshot_commit == "journal"});
   }
 }
 

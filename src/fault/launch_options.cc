@@ -45,6 +45,8 @@ void validate_launch_options(const LaunchOptions& o) {
   DTRAIN_CHECK(o.max_restarts >= 0, "launch: --max-restarts must be >= 0, got ", o.max_restarts);
   DTRAIN_CHECK(o.snapshot_every >= 0, "launch: --snapshot-every must be >= 0, got ",
                o.snapshot_every);
+  DTRAIN_CHECK(o.snapshot_commit == "journal" || o.snapshot_commit == "files",
+               "launch: --snapshot-commit must be journal or files, got '", o.snapshot_commit, "'");
   DTRAIN_CHECK(o.heartbeat_interval_s >= 0 && o.heartbeat_timeout_s >= 0 &&
                    o.watchdog_timeout_s >= 0 && o.stack_timeout_s >= 0 && o.exclude_window_s >= 0 &&
                    o.rdzv_settle_s >= 0,

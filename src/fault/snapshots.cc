@@ -529,7 +529,8 @@ std::vector<std::string> SnapshotKeeper::environment(int rank) const {
     out.push_back(str_cat("DTRAIN_SNAPSHOT_SOURCE=", source_.at(rank)));
   }
   out.push_back(str_cat("DTRAIN_SNAPSHOT_EVERY=", o_.every));
-  out.push_back("DTRAIN_SNAPSHOT_COMMIT=journal");  // this agent reads the slots' trailers
+  // This agent reads the slots' trailers either way (a snapshot's files come after them).
+  out.push_back(str_cat("DTRAIN_SNAPSHOT_COMMIT=", o_.journal ? "journal" : "files"));
   return out;
 }
 

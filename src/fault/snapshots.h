@@ -40,6 +40,7 @@ struct SnapshotKeeperOptions {
   int node = 0;           // --node-rank
   std::string host = "";  // the address other agents reach this one at
   int keep_per_rank = 6;  // a neighbour's snapshots held per rank (as a worker keeps)
+  bool journal = true;    // the workers' commits (--snapshot-commit): journal, else files
 };
 
 // The address other agents reach this one at, given the coordination service's host:port:

@@ -205,6 +205,7 @@ TEST_F(LaunchTest, AbsurdValuesAreUsageErrorsBeforeAnythingStarts) {
       {{"--watchdog-timeout", "nan"}, "timeouts and intervals"},
       {{"--exclude-after", "-2"}, "--exclude-after"},
       {{"--preemption-exit-code", "300"}, "not an exit code in [1, 255]"},
+      {{"--snapshot-commit", "fsync"}, "--snapshot-commit must be journal or files"},
   };
   for (const auto& [flags, message] : cases) {
     std::vector<std::string> args = flags;

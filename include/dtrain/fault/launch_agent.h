@@ -40,6 +40,9 @@ struct LaunchOptions {
   int64_t snapshot_every = 10;       // workers' in-memory snapshots every this many steps, kept
                                      // here and by a ring neighbour; 0: none (--snapshot-every)
   std::string snapshot_root = "";    // where the snapshots' tmpfs directory goes; empty: /dev/shm
+  // --snapshot-commit: "journal" (a snapshot is whole once its slot's trailer is; its files are
+  // made when needed) or "files" (every snapshot makes its TensorFlow files at once).
+  std::string snapshot_commit = "journal";
   // --on-failure: "restart-all" stops and restarts every worker after a failure; "survivors"
   // restarts only the failed workers while the others keep their processes and roll back to the
   // newest in-memory snapshot every rank holds (snapshots, the coordination service).

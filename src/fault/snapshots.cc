@@ -136,8 +136,13 @@ bool pin_slot(const fs::path& rank_dir, int64_t step, const fs::path& staging) {
     const std::optional<train::JournalRecord> r = train::read_whole(fd, step);
     ::close(fd);
     if (!r) return false;
-    write_file_atomically((staging / str_cat("snap-", step, ".index")).string(), r->index,
-                          AtomicFileOptions{.sync = false});
+    try {
+      write_file_atomically((staging / str_cat("snap-", step, ".index")).string(), r->index,
+                            AtomicFileOptions{.sync = false});
+    } catch (const Error& e) {  // a full tmpfs, say: this step is not pinned, as when it moved
+      say("snapshots: cannot pin step ", step, " of ", rank_dir.string(), ": ", e.what());
+      return false;
+    }
     return true;
   }
   return false;

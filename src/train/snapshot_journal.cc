@@ -29,8 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kMagic = 0x316c6e6a6e727464ull;  // "dtrnjnl1"
-constexpr const char* kLockFile = ".dtrain.lock";
-constexpr const char* kStateFile = "checkpoint";
 
 struct Header {
   uint64_t magic;
@@ -67,8 +65,6 @@ bool pread_all(int fd, void* into, size_t n, off_t at) {
   return true;
 }
 
-std::string slot_stem(const std::string& name) { return str_cat(".", name, "-slot-"); }
-
 // The step of snapshot file name `<name>-<step>`, or nullopt.
 std::optional<int64_t> step_of(const std::string& file, const std::string& name) {
   const std::string own = name + "-";
@@ -82,6 +78,8 @@ std::optional<int64_t> step_of(const std::string& file, const std::string& name)
 }
 
 }  // namespace
+
+std::string journal_slot_stem(const std::string& name) { return str_cat(".", name, "-slot-"); }
 
 size_t journal_slot_bytes(size_t data_bytes, size_t index_capacity) {
   return round_up(data_bytes, 64) + round_up(index_capacity, 64) + kJournalHeaderBytes;
@@ -156,7 +154,7 @@ std::optional<JournalRecord> read_journal(int fd) {
 std::vector<JournaledSnapshot> journaled_snapshots(const std::string& dir,
                                                    const std::string& name) {
   std::vector<JournaledSnapshot> out;
-  const std::string stem = slot_stem(name);
+  const std::string stem = journal_slot_stem(name);
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (e.path().filename().string().rfind(stem, 0) != 0) continue;
@@ -173,7 +171,7 @@ std::vector<JournaledSnapshot> journaled_snapshots(const std::string& dir,
 }
 
 std::vector<ListedSnapshot> listed_snapshots(const std::string& dir, const std::string& name) {
-  std::ifstream state(fs::path(dir) / kStateFile);
+  std::ifstream state(fs::path(dir) / kSnapshotStateFile);
   static const std::regex path_line(
       R"re(\s*all_model_checkpoint_paths:\s*"(?:.*/)?([^/"]+)"\s*)re");
   static const std::regex time_line(R"re(\s*all_model_checkpoint_timestamps:\s*(\S+)\s*)re");
@@ -245,7 +243,8 @@ void link_snapshot_files(const std::string& prefix, const std::string& slot,
                         AtomicFileOptions{.sync = false});
 }
 
-std::string snapshot_state_text(const std::vector<std::pair<std::string, double>>& names) {
+void write_snapshot_state(const std::string& dir,
+                          const std::vector<std::pair<std::string, double>>& names) {
   // CheckpointManager's text format (checkpoint_state.h): paths relative to the directory.
   const auto number = [](double v) {
     char buf[32];
@@ -263,7 +262,8 @@ std::string snapshot_state_text(const std::vector<std::pair<std::string, double>
                 .count()
           : names.front().second;
   out += str_cat("last_preserved_timestamp: ", number(oldest), "\n");
-  return out;
+  write_file_atomically((fs::path(dir) / kSnapshotStateFile).string(), out,
+                        AtomicFileOptions{.sync = false});
 }
 
 void materialize_journal_locked(const std::string& dir, const std::string& name) {
@@ -273,21 +273,34 @@ void materialize_journal_locked(const std::string& dir, const std::string& name)
   for (const ListedSnapshot& l : listed_snapshots(dir, name)) {
     by_step[l.step] = {l.file, l.timestamp.value_or(0)};
   }
+  bool changed = false;
   for (const JournaledSnapshot& j : slots) {
     const std::string file = str_cat(name, "-", j.record.step);
+    const std::string prefix = (fs::path(dir) / file).string();
+    // Made already (listed, its data file this slot, its index there): an earlier call's work,
+    // or the writer's own.
+    struct stat slot_st {};
+    struct stat data_st {};
+    if (by_step.count(j.record.step) != 0 && ::stat(j.slot.c_str(), &slot_st) == 0 &&
+        ::stat(checkpoint::data_filename(prefix, 0, 1).c_str(), &data_st) == 0 &&
+        slot_st.st_ino == data_st.st_ino && slot_st.st_dev == data_st.st_dev &&
+        ::access(checkpoint::index_filename(prefix).c_str(), F_OK) == 0) {
+      continue;
+    }
     // A slot's snapshot is newer than a listed one of its step: a listed step is rewritten only
     // after it is taken off the list.
-    link_snapshot_files((fs::path(dir) / file).string(), j.slot, j.record.index);
+    link_snapshot_files(prefix, j.slot, j.record.index);
     by_step[j.record.step] = {file, j.record.timestamp};
+    changed = true;
   }
+  if (!changed) return;
   std::vector<std::pair<std::string, double>> names;
   for (auto& [step, entry] : by_step) names.push_back(std::move(entry));
-  write_file_atomically((fs::path(dir) / kStateFile).string(), snapshot_state_text(names),
-                        AtomicFileOptions{.sync = false});
+  write_snapshot_state(dir, names);
 }
 
 bool materialize_journal(const std::string& dir, const std::string& name) {
-  const std::string lock = (fs::path(dir) / kLockFile).string();
+  const std::string lock = (fs::path(dir) / kSnapshotLockFile).string();
   const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) return true;  // never written by a SnapshotSlots

@@ -26,6 +26,12 @@ namespace dtrain::train {
 
 // The trailer's fixed part, the last bytes of a slot file.
 inline constexpr size_t kJournalHeaderBytes = 64;
+// A snapshot directory's lock (held by its writer, as a CheckpointManager's) and state file.
+inline constexpr const char* kSnapshotLockFile = ".dtrain.lock";
+inline constexpr const char* kSnapshotStateFile = "checkpoint";
+
+// ".<name>-slot-": the start of the hidden names of writer `name`'s slot files.
+std::string journal_slot_stem(const std::string& name);
 
 // The size of a slot file for `data_bytes` of data and an index of up to `index_capacity` bytes.
 size_t journal_slot_bytes(size_t data_bytes, size_t index_capacity);
@@ -87,8 +93,10 @@ std::optional<JournalRecord> read_whole(int fd, int64_t step);
 // replacing what those names held. Throws file errors naming the path.
 void link_snapshot_files(const std::string& prefix, const std::string& slot,
                          const std::string& index);
-// The text of a `checkpoint` state file listing `names` (oldest first) with their timestamps.
-std::string snapshot_state_text(const std::vector<std::pair<std::string, double>>& names);
+// Writes `dir`'s `checkpoint` state file (through a temporary and a rename) listing the snapshot
+// files `names` (oldest first) with their timestamps. Throws file errors naming the path.
+void write_snapshot_state(const std::string& dir,
+                          const std::vector<std::pair<std::string, double>>& names);
 
 // For a writer that is gone: makes the files of every whole snapshot in its slots and lists them
 // in the state file after those it lists already (by step). Returns false, doing nothing, when a

@@ -27,21 +27,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kLockFile = ".dtrain.lock";  // CheckpointManager's directory lock
-constexpr const char* kStateFile = "checkpoint";
-
 double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
-
-// ".<name>-slot-": the hidden names of slot files that hold no committed snapshot.
-std::string slot_stem(const std::string& name) { return str_cat(".", name, "-slot-"); }
 
 // Removes what a dead writer left: slot files (any: this process holds the directory's lock,
 // so no live writer owns one), and write_file_atomically temporaries of dead processes.
 void remove_leftovers(const std::string& dir, const std::string& name) {
   std::error_code ec;
-  const std::string stem = slot_stem(name);
+  const std::string stem = journal_slot_stem(name);
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
     if (n.rfind(stem, 0) == 0) {
@@ -50,7 +44,7 @@ void remove_leftovers(const std::string& dir, const std::string& name) {
     }
     const size_t tmp = n.find(".tmp.");
     if (tmp == std::string::npos) continue;
-    if (n.rfind(name + "-", 0) != 0 && n.compare(0, tmp, kStateFile) != 0) continue;
+    if (n.rfind(name + "-", 0) != 0 && n.compare(0, tmp, kSnapshotStateFile) != 0) continue;
     const long pid = std::strtol(n.c_str() + tmp + 5, nullptr, 10);
     if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) {
       fs::remove(e.path(), ec);
@@ -173,7 +167,7 @@ void SnapshotSlots::adopt_standby_slots() {
   std::lock_guard<std::mutex> lock(pool.mu);
   for (auto& slot : pool.slots) {
     const std::string path =
-        (fs::path(dir_) / str_cat(slot_stem(options_.name), ::getpid(), "-", next_slot_++))
+        (fs::path(dir_) / str_cat(journal_slot_stem(options_.name), ::getpid(), "-", next_slot_++))
             .string();
     if (::rename(slot->path.c_str(), path.c_str()) != 0) {  // another filesystem, say
       ::unlink(slot->path.c_str());
@@ -195,7 +189,7 @@ SnapshotSlots::SnapshotSlots(std::string dir, checkpoint::Checkpoint& ckpt,
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) throw_file_error(ec.value(), "create directory", dir_);
-  const std::string lock = (fs::path(dir_) / kLockFile).string();
+  const std::string lock = (fs::path(dir_) / kSnapshotLockFile).string();
   lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (lock_fd_ < 0) throw_file_error(errno, "create lock file", lock);
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -357,8 +351,9 @@ std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
     spares_.pop_back();
   } else {
     slot = std::make_unique<Slot>();
-    slot->path = (fs::path(dir_) / str_cat(slot_stem(options_.name), ::getpid(), "-", next_slot_++))
-                     .string();
+    slot->path =
+        (fs::path(dir_) / str_cat(journal_slot_stem(options_.name), ::getpid(), "-", next_slot_++))
+            .string();
     slot->fd = ::open(slot->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (slot->fd < 0) throw_file_error(errno, "create", slot->path);
     // Nobody else knows the file yet; locked until the snapshot written into it is committed.
@@ -510,8 +505,7 @@ void SnapshotSlots::write_state() {
   for (const Kept& k : kept_) {
     if (k.files) names.emplace_back(fs::path(k.prefix).filename().string(), k.timestamp);
   }
-  write_file_atomically((fs::path(dir_) / kStateFile).string(), snapshot_state_text(names),
-                        AtomicFileOptions{.sync = false});
+  write_snapshot_state(dir_, names);
 }
 
 }  // namespace dtrain::train

@@ -28,6 +28,7 @@
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
 #include "memory_snapshots.h"
+#include "snapshot_journal.h"
 #include "snapshot_slots.h"
 
 namespace dtrain::train {
@@ -236,7 +237,7 @@ std::atomic<bool> g_assigned{false};
 size_t largest_snapshot_data(const std::string& root) {
   namespace fs = std::filesystem;
   static const std::string kData = ".data-00000-of-00001";
-  static const std::string kSlot = ".snap-slot-";
+  static const std::string kSlot = journal_slot_stem("snap");  // MemorySnapshots' slots
   size_t largest = 0;
   std::error_code ec;
   for (const auto& d : fs::directory_iterator(root, ec)) {

@@ -425,6 +425,13 @@ TEST(SnapshotSlots, AGoneWritersJournalIsMaterializedAndATornOneIsNot) {
   EXPECT_EQ(checkpoint::latest_checkpoint(dir.path), dir.path + "/snap-20");
   EXPECT_EQ(restored(dir.path + "/snap-20"), expected(20));
   EXPECT_FALSE(fs::exists(dir.path + "/snap-30.index"));
+  // Again (the launcher does it before every generation): what exists is left as it is.
+  const ino_t index = inode(dir.path + "/snap-20.index");
+  const ino_t state = inode(dir.path + "/checkpoint");
+  EXPECT_TRUE(materialize_journal(dir.path, "snap"));
+  EXPECT_EQ(inode(dir.path + "/snap-20.index"), index) << "the index was written again";
+  EXPECT_EQ(inode(dir.path + "/checkpoint"), state) << "the state file was written again";
+  EXPECT_EQ(restored(dir.path + "/snap-20"), expected(20));
 }
 
 // A hot spare's slots, made while it stands by (prepare_standby_slots), are the first slots of

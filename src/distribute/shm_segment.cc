@@ -250,10 +250,17 @@ std::unique_ptr<ShmTransport> ShmTransport::connect(KeyValueStore& store, const 
     t->pidfds_[k] = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pids[k]), 0));
 #endif
   }
+  t->start_watcher();
   return t;
 }
 
 ShmTransport::~ShmTransport() {
+  if (watcher_.joinable()) {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t w = ::write(stop_fd_, &one, sizeof one);
+    watcher_.join();
+  }
+  if (stop_fd_ >= 0) close(stop_fd_);
   if (base_ != nullptr) {
     abort();
     munmap(base_, mapped_bytes_);

@@ -4,7 +4,9 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -20,7 +22,8 @@
 namespace dtrain::distribute {
 namespace {
 
-// A blocked wait wakes at least this often to see whether a peer exited.
+// A blocked wait wakes at least this often to see whether a peer exited (the watcher thread wakes
+// it at once where pidfds exist; this bounds the rest: kill(pid, 0) and a peer's `left` flag).
 constexpr std::chrono::milliseconds kSlice{20};
 
 void cpu_relax() {
@@ -100,6 +103,48 @@ RankControl& control(void* base, int r) {
 }
 bool reached(uint32_t value, uint32_t epoch) { return static_cast<int32_t>(value - epoch) >= 0; }
 }  // namespace
+
+void ShmTransport::start_watcher() {
+  if (std::none_of(pidfds_.begin(), pidfds_.end(), [](int fd) { return fd >= 0; })) return;
+  stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (stop_fd_ < 0) return;  // the slices still see an exit, within kSlice
+  watcher_ = std::thread([this] { watch_peers(); });
+}
+
+void ShmTransport::watch_peers() {
+  ::pthread_setname_np(::pthread_self(), kWatcherThreadName);
+  std::vector<pollfd> fds;
+  for (int fd : pidfds_) {
+    if (fd >= 0) fds.push_back({.fd = fd, .events = POLLIN, .revents = 0});
+  }
+  fds.push_back({.fd = stop_fd_, .events = POLLIN, .revents = 0});
+  const auto wake_all = [this] {
+    for (int k = 0; k < options_.world_size; ++k) futex_wake(control(base_, k).arrived);
+  };
+  // A wait that checked its peers just before the wake and sleeps just after misses it: the
+  // wake is repeated twice, 2 ms apart (kSlice bounds what still slips through).
+  int rewakes = 0;
+  while (true) {
+    const int ready = ::poll(fds.data(), fds.size(), rewakes > 0 ? 2 : -1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 || fds.back().revents != 0) return;
+    if (ready == 0) {
+      wake_all();
+      --rewakes;
+      continue;
+    }
+    bool exited = false;
+    for (size_t i = 0; i + 1 < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      fds[i].fd = -1;  // a pidfd stays readable once its process is gone: poll it no more
+      exited = true;
+    }
+    if (exited) {
+      wake_all();
+      rewakes = 2;
+    }
+  }
+}
 
 void ShmTransport::abort() noexcept {
   if (left_ || base_ == nullptr || name_.empty()) return;

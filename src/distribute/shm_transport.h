@@ -3,7 +3,8 @@
 // input regions (alternating windows); each rank copies its window in, and after one barrier sums
 // every rank's window straight into its own tensors, each element in the ring order of its owner
 // (so the bits are Gloo's); futex-backed counters are the barriers. A peer that exits (seen through
-// a pidfd) or gives up (a flag in the segment) fails every survivor's wait with ShmPeerError.
+// a pidfd) or gives up (a flag in the segment) fails every survivor's wait with ShmPeerError; a
+// watcher thread sleeps on the peers' pidfds and wakes this process's waits the moment one exits.
 #pragma once
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/core/tensor.h"
@@ -25,6 +27,9 @@ namespace dtrain::distribute {
 // cache line of control per rank after the header, and at most this many ranks.
 inline constexpr size_t kShmLine = 64;
 inline constexpr int kShmMaxRanks = 64;
+// The name of the thread that watches the peers' pidfds (one per transport, joined by its
+// destructor).
+inline constexpr const char* kWatcherThreadName = "dtrain-shmwatch";
 
 // A collective over shared memory failed: `peer` exited, left or did not arrive in time.
 struct ShmPeerError : std::runtime_error {
@@ -101,6 +106,10 @@ class ShmTransport {
   void arrive_and_wait(Clock::time_point deadline);
   void wait_for(int peer, uint32_t epoch, Clock::time_point deadline);
   void check_peers();
+  // The watcher thread's body: poll(2) on the peers' pidfds and stop_fd_; a peer's exit wakes
+  // every wait of this process (check_peers then names it).
+  void watch_peers();
+  void start_watcher();
   [[noreturn]] void throw_left(int peer);
   char* input(int r, int parity) const;
   template <class Pack, class Consume>
@@ -119,6 +128,8 @@ class ShmTransport {
   int parity_ = 0;           // which input regions the next window uses
   std::vector<int> pidfds_;  // per rank; -1 for this process and where pidfd_open failed
   std::vector<int64_t> pids_;
+  int stop_fd_ = -1;     // an eventfd that stops the watcher
+  std::thread watcher_;  // only where some peer has a pidfd
   std::vector<Run> runs_;
   std::vector<size_t> starts_;          // each segment's element offset in the packed stream
   std::chrono::microseconds spin_{10};  // how long a wait spins before it sleeps

@@ -362,6 +362,17 @@ TEST(ShmCollectivesTest, PeerThatLeavesFailsTheWaitersNamingIt) {
 // Real processes on a file store: rank 2 is SIGKILLed while ranks 0 and 1 wait for it in an
 // all-reduce; both fail with UnavailableError naming rank 2 (before their 60 s timeout, or they
 // would throw DeadlineExceededError), then rebuild a 2-worker generation on a fresh segment.
+// Threads of this process whose name is `name` (/proc/self/task/*/comm).
+int threads_named(const std::string& name) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::string comm;
+    std::ifstream(e.path() / "comm") >> comm;
+    n += comm == name;
+  }
+  return n;
+}
+
 TEST(ShmCollectivesTest, PeerKilledMidCollectiveFailsSurvivorsWhoThenRejoin) {
   testutil::TempDir dir("dtrain_shm");
   const std::string url = "file://" + dir.path() + "/store";
@@ -387,6 +398,9 @@ TEST(ShmCollectivesTest, PeerKilledMidCollectiveFailsSurvivorsWhoThenRejoin) {
       std::vector<Tensor> ts{Tensor::full({200001}, r + 1.0)};
       c->all_reduce(ts, ReduceOp::kSum);
       if (!c->uses_shared_memory() || ts[0].to_vector<float>()[200000] != 6.0f) _exit(3);
+      // A thread sleeps on the peers' pidfds while the transport lives (a peer's exit wakes
+      // this process's waits at once), and is joined with it.
+      const int watchers = threads_named(kWatcherThreadName);
       touch(str_cat("entered", r), "");
       if (r == 2) {
         for (;;) pause();  // killed here
@@ -401,6 +415,7 @@ TEST(ShmCollectivesTest, PeerKilledMidCollectiveFailsSurvivorsWhoThenRejoin) {
         report = str_cat("other: ", e.what());
       }
       c.reset();
+      report += str_cat("\nwatchers ", watchers, " then ", threads_named(kWatcherThreadName));
       // Survivors' next generation: two workers, a fresh segment.
       auto c2 = Collectives::connect(
           store,
@@ -438,6 +453,7 @@ TEST(ShmCollectivesTest, PeerKilledMidCollectiveFailsSurvivorsWhoThenRejoin) {
     EXPECT_NE(report.find("lost a peer (rank 2)"), std::string::npos) << report;
     EXPECT_NE(report.find("exited during a shared-memory collective"), std::string::npos) << report;
     EXPECT_NE(report.find("rejoined shm=1 sum=3"), std::string::npos) << report;
+    EXPECT_NE(report.find("watchers 1 then 0"), std::string::npos) << report;
   }
   for (pid_t p : pids) EXPECT_TRUE(segments_of(p).empty()) << "segment of " << p << " left";
 }

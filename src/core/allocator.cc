@@ -1,6 +1,9 @@
 // Caching allocator: exact-size free lists, bounded total cache.
 #include "allocator.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -31,6 +34,23 @@ Cache& cache() {
 
 size_t round_capacity(size_t nbytes) { return (nbytes + 63) & ~size_t{63}; }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+// A fresh buffer this large has its pages made present at once: one madvise(2) instead of a
+// page fault per 4 KiB on first touch, which on a VM with shadow page tables costs about 11 us
+// each (a 1.2 MB tensor: 3 ms). Pages already present (reused heap) cost nothing; a kernel
+// without MADV_POPULATE_WRITE says EINVAL and the pages fault in as before.
+constexpr size_t kPopulateBytes = size_t{64} << 10;
+
+void populate(void* p, size_t bytes) {
+  constexpr uintptr_t kPage = 4096;
+  const uintptr_t first = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kPage - 1);
+  if (end > first) ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_WRITE);
+}
+
 }  // namespace
 
 StorageHeader* storage_allocate(size_t nbytes) {
@@ -60,6 +80,7 @@ StorageHeader* storage_allocate(size_t nbytes) {
     throw ResourceExhaustedError(
         str_cat("out of memory allocating a tensor of ", nbytes, " bytes"));
   }
+  if (capacity >= kPopulateBytes) populate(p, kHeaderBytes + capacity);
   auto* h = new (p) StorageHeader;
   h->capacity = capacity;
   return h;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -401,8 +402,11 @@ void add_train_commands(CLI::App& app, std::function<int()>& run) {
         taken = true;
         train::await_standby_assignment();
         fault::uninstall_progress_reporter();  // none ran without a rank: now as the worker
-        fault::install_progress_reporter();
+        // The reporter connects on a thread of its own while the strategy meets the survivors
+        // (both are on a takeover's critical path); its errors surface here, before compile().
+        auto reporter = std::async(std::launch::async, [] { fault::install_progress_reporter(); });
         enter_strategy();
+        reporter.get();
       };
       if (standby) {
         chief = false;

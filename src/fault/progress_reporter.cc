@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/coordination.h"
@@ -101,9 +103,25 @@ void ProgressReporter::send_loop() {
   auto last_send = std::chrono::steady_clock::now() - options_.report_interval;
   std::unique_lock lock(mu_);
   while (true) {
-    wake_.wait_for(lock, std::min(kPoll, options_.report_interval), [&] { return stop_; });
+    wake_.wait_for(lock, std::min(kPoll, options_.report_interval),
+                   [&] { return stop_ || !resumed_.empty(); });
     const bool last = stop_;
+    std::vector<Resumed> resumed = std::exchange(resumed_, {});
     lock.unlock();
+    for (const Resumed& r : resumed) {
+      try {
+        // resumed_from first: the launcher reads it once it sees resumed.
+        if (!r.checkpoint.empty()) {
+          client_->set(resumed_from_key(r.generation, options_.rank), r.checkpoint);
+        }
+        client_->set(resumed_key(r.generation, options_.rank), std::to_string(r.step));
+      } catch (const Error& e) {
+        if (!warned) {
+          std::fprintf(stderr, "dtrain: cannot report progress to the launcher: %s\n", e.what());
+          warned = true;
+        }
+      }
+    }
     const int64_t step = step_.load(std::memory_order_relaxed);
     const auto now = std::chrono::steady_clock::now();
     if (step != sent_.load(std::memory_order_relaxed) &&
@@ -129,6 +147,14 @@ void ProgressReporter::report_resumed(int64_t step, const std::string& checkpoin
     client_->set(resumed_from_key(options_.generation, options_.rank), checkpoint);
   }
   client_->set(resumed_key(options_.generation, options_.rank), std::to_string(step));
+}
+
+void ProgressReporter::queue_resumed(int64_t generation, int64_t step, std::string checkpoint) {
+  {
+    std::lock_guard lock(mu_);
+    resumed_.push_back({generation, step, std::move(checkpoint)});
+  }
+  wake_.notify_all();
 }
 
 std::unique_ptr<ProgressReporter> ProgressReporter::from_environment() {
@@ -161,6 +187,9 @@ ProgressReporter* install_progress_reporter() {
     if (g_installed) {
       ProgressReporter* r = g_installed.get();
       train::set_step_observer([r](int64_t step) { r->report(step); });
+      train::set_resume_observer([r](int64_t generation, int64_t step, const std::string& ckpt) {
+        r->queue_resumed(generation, step, ckpt);
+      });
     }
   }
   return g_installed.get();
@@ -168,7 +197,10 @@ ProgressReporter* install_progress_reporter() {
 
 void uninstall_progress_reporter() {
   std::lock_guard lock(g_install_mu);
-  if (g_installed) train::set_step_observer({});
+  if (g_installed) {
+    train::set_step_observer({});
+    train::set_resume_observer({});
+  }
   g_installed.reset();
   g_install_tried = false;
 }

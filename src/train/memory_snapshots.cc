@@ -177,14 +177,21 @@ bool MemorySnapshots::survives_failures() {
 }
 
 NextGeneration MemorySnapshots::await_next_generation(int64_t generation,
+                                                      distribute::KeyValueStore* service,
                                                       std::chrono::milliseconds timeout) {
   const distribute::LauncherEnv env = distribute::LauncherEnv::from_environment();
   const std::string key = survivor_announcement_key(env.run_id, generation, env.rank);
   std::cerr << "fit: the collectives of generation " << generation
             << " failed; this worker keeps running and waits for the next generation\n";
-  distribute::CoordinationClient client(
-      env.rdzv, {.connect_timeout = std::chrono::seconds(10), .rpc_timeout = timeout});
-  const std::string text = client.get(key, timeout);
+  // A new client costs a connection (2-10 ms on a 2-vCPU VM) on the recovery's critical path.
+  const auto* connected = dynamic_cast<distribute::CoordinationClient*>(service);
+  std::optional<distribute::CoordinationClient> own;
+  if (connected == nullptr || connected->address() != env.rdzv) {
+    own.emplace(env.rdzv, distribute::CoordinationClientOptions{
+                              .connect_timeout = std::chrono::seconds(10), .rpc_timeout = timeout});
+    service = &*own;
+  }
+  const std::string text = service->get(key, timeout);
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   NextGeneration next;
   try {

@@ -36,8 +36,9 @@
 #include "dtrain/checkpoint/checkpoint.h"
 
 namespace dtrain::distribute {
+class KeyValueStore;
 class Collectives;
-}
+}  // namespace dtrain::distribute
 
 namespace dtrain::train {
 
@@ -110,11 +111,14 @@ class MemorySnapshots {
   // survivors` (DTRAIN_ON_FAILURE) with a coordination service.
   static bool survives_failures();
   // A survivor whose collectives of generation `generation` failed: waits (up to `timeout`) for
-  // its launcher to announce the next generation to this rank. Throws DeadlineExceededError when
-  // none came (the launcher restarts every worker instead, and stops this one meanwhile),
-  // UnavailableError when the service cannot be reached, DataLossError for a malformed value.
+  // its launcher to announce the next generation to this rank, on `service` when it is a client
+  // of the launcher's coordination service (the strategy's, already connected), else on a client
+  // of its own. Throws DeadlineExceededError when none came (the launcher restarts every worker
+  // instead, and stops this one meanwhile), UnavailableError when the service cannot be reached,
+  // DataLossError for a malformed value.
   static NextGeneration await_next_generation(
-      int64_t generation, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+      int64_t generation, distribute::KeyValueStore* service = nullptr,
+      std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // Rolls this process back to snapshot `prefix` (a survivor joining the next generation):
   // restores `prefix` into `ckpt` (after the snapshot commit in flight, if any, is done) and
   // continues the schedule from its step, rewriting the later steps' snapshots. Throws

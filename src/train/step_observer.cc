@@ -15,6 +15,7 @@ namespace dtrain::train {
 namespace {
 std::mutex g_mu;
 std::shared_ptr<const std::function<void(int64_t)>> g_observer;  // guarded by g_mu
+std::shared_ptr<const ResumeObserver> g_resume_observer;         // guarded by g_mu
 
 // DTRAIN_STEP_TIMES: the lines not written yet, written in blocks and at exit.
 class StepTimes {
@@ -81,6 +82,23 @@ void notify_step(int64_t global_step) {
     o = g_observer;
   }
   (*o)(global_step);
+}
+
+void set_resume_observer(ResumeObserver observer) {
+  auto p = observer ? std::make_shared<const ResumeObserver>(std::move(observer)) : nullptr;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_resume_observer = std::move(p);
+}
+
+bool notify_resumed(int64_t generation, int64_t global_step, const std::string& checkpoint) {
+  std::shared_ptr<const ResumeObserver> o;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_resume_observer) return false;
+    o = g_resume_observer;
+  }
+  (*o)(generation, global_step, checkpoint);
+  return true;
 }
 
 }  // namespace dtrain::train

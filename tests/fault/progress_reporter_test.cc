@@ -58,6 +58,25 @@ TEST(ProgressReporter, SendsTheNewestStepAndHeartbeats) {
   EXPECT_EQ(c.get_prefix("progress/4/2").at("progress/4/2"), "101");
 }
 
+TEST(ProgressReporter, QueuedResumesGoOutInOrderOnTheReportersConnection) {
+  distribute::CoordinationServer server;
+  distribute::CoordinationClient c(server.address());
+  ProgressReporter r({.address = server.address(), .generation = 4, .rank = 1});
+  // What report_resume_to_launcher() calls once install_progress_reporter() has registered it.
+  train::set_resume_observer([&r](int64_t generation, int64_t step, const std::string& ckpt) {
+    r.queue_resumed(generation, step, ckpt);
+  });
+  EXPECT_TRUE(train::notify_resumed(7, 120, "snap-120"));
+  r.queue_resumed(8, 130, "");
+  // Waits on the service: both arrive without another step being reported.
+  EXPECT_EQ(c.get("resumed/7/1", 5s), "120");
+  EXPECT_EQ(c.get_prefix("resumed_from/7/1").at("resumed_from/7/1"), "snap-120");
+  EXPECT_EQ(c.get("resumed/8/1", 5s), "130");
+  EXPECT_TRUE(c.get_prefix("resumed_from/8/1").empty());  // no checkpoint named: no key
+  train::set_resume_observer({});
+  EXPECT_FALSE(train::notify_resumed(9, 140, "snap-140"));
+}
+
 TEST(ProgressReporter, IsNullOutsideTheLauncher) {
   ::unsetenv("DTRAIN_RANK");
   EXPECT_EQ(ProgressReporter::from_environment(), nullptr);

@@ -119,6 +119,9 @@ class MultiWorkerMirroredStrategy final : public MirroredStrategy {
 
   const ClusterSpec& cluster() const { return cluster_; }
   Collectives& collectives() { return *collectives_; }
+  // The store the rendezvous runs on (for a launcher's worker, its coordination service's
+  // client, connected for the strategy's life).
+  KeyValueStore& store() { return *store_; }
 
  private:
   MultiWorkerMirroredStrategy(const MultiWorkerOptions& options, ClusterSpec cluster);

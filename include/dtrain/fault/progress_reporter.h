@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace dtrain::distribute {
 class CoordinationClient;
@@ -89,6 +90,9 @@ class ProgressReporter {
   // Writes resumed_key (and resumed_from_key when `checkpoint` is not empty) now, so the
   // launcher can say what a restart lost. Blocks for one RPC; throws UnavailableError.
   void report_resumed(int64_t step, const std::string& checkpoint = "");
+  // The same for `generation` (a survivor's next one), sent by the sender thread before any
+  // later step; never blocks or throws (a failed send is reported on stderr once).
+  void queue_resumed(int64_t generation, int64_t step, std::string checkpoint);
 
   int64_t generation() const { return options_.generation; }
   int rank() const { return options_.rank; }
@@ -108,6 +112,12 @@ class ProgressReporter {
   std::mutex mu_;
   std::condition_variable wake_;
   bool stop_ = false;
+  struct Resumed {
+    int64_t generation;
+    int64_t step;
+    std::string checkpoint;
+  };
+  std::vector<Resumed> resumed_;  // guarded by mu_: queued by queue_resumed, not sent yet
   std::thread sender_;
 };
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace dtrain::train {
 
@@ -20,5 +21,15 @@ namespace dtrain::train {
 void set_step_observer(std::function<void(int64_t global_step)> observer);
 // Calls the observer, if any, with `global_step`.
 void notify_step(int64_t global_step);
+
+// Where a worker resumed (the generation it resumed in, the global step, the checkpoint's name),
+// for the launcher's account of a recovery. The fault layer's progress reporter takes it and
+// sends it on its own connection, off the training thread. The observer must not block or throw.
+using ResumeObserver =
+    std::function<void(int64_t generation, int64_t global_step, const std::string& checkpoint)>;
+// Replaces the resume observer (an empty function removes it).
+void set_resume_observer(ResumeObserver observer);
+// Calls the resume observer; false when none is set (the caller reports another way).
+bool notify_resumed(int64_t generation, int64_t global_step, const std::string& checkpoint);
 
 }  // namespace dtrain::train

@@ -41,10 +41,12 @@ size_t round_capacity(size_t nbytes) { return (nbytes + 63) & ~size_t{63}; }
 // A fresh buffer this large has its pages made present at once: one madvise(2) instead of a
 // page fault per 4 KiB on first touch, which on a VM with shadow page tables costs about 11 us
 // each (a 1.2 MB tensor: 3 ms). Pages already present (reused heap) cost nothing; a kernel
-// without MADV_POPULATE_WRITE says EINVAL and the pages fault in as before.
+// without MADV_POPULATE_WRITE says EINVAL and the pages fault in as before. Not for a buffer that
+// will be advised huge pages (Tensor::with_huge_pages): it would get 4 KiB pages, and a spare
+// forked from the fork server would then take a fault per 4 KiB of its data set, not per 2 MB.
 constexpr size_t kPopulateBytes = size_t{64} << 10;
 
-void populate(void* p, size_t bytes) {
+void make_present(void* p, size_t bytes) {
   constexpr uintptr_t kPage = 4096;
   const uintptr_t first = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
   const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kPage - 1);
@@ -53,7 +55,7 @@ void populate(void* p, size_t bytes) {
 
 }  // namespace
 
-StorageHeader* storage_allocate(size_t nbytes) {
+StorageHeader* storage_allocate(size_t nbytes, bool populate) {
   const size_t capacity = round_capacity(nbytes == 0 ? 1 : nbytes);
   Cache& c = cache();
   {
@@ -80,7 +82,7 @@ StorageHeader* storage_allocate(size_t nbytes) {
     throw ResourceExhaustedError(
         str_cat("out of memory allocating a tensor of ", nbytes, " bytes"));
   }
-  if (capacity >= kPopulateBytes) populate(p, kHeaderBytes + capacity);
+  if (populate && capacity >= kPopulateBytes) make_present(p, kHeaderBytes + capacity);
   auto* h = new (p) StorageHeader;
   h->capacity = capacity;
   return h;

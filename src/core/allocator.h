@@ -17,9 +17,11 @@ inline constexpr size_t kHeaderBytes = 64;
 
 inline void* storage_data(StorageHeader* h) { return reinterpret_cast<char*>(h) + kHeaderBytes; }
 
-// Returns a header with refcount 1 and at least `nbytes` of data. Throws ResourceExhaustedError
-// when the system is out of memory.
-StorageHeader* storage_allocate(size_t nbytes);
+// Returns a header with refcount 1 and at least `nbytes` of data. A buffer of 64 KiB or more
+// that comes fresh from the system has its pages made present at once unless `populate` is false
+// (a caller that will advise huge pages first: populated pages would be 4 KiB ones). Throws
+// ResourceExhaustedError when the system is out of memory.
+StorageHeader* storage_allocate(size_t nbytes, bool populate = true);
 // Called when the refcount drops to zero.
 void storage_free(StorageHeader* h);
 

@@ -20,7 +20,14 @@ Tensor::Tensor(DType dtype, const Shape& shape) : shape_(shape), dtype_(dtype) {
 }
 
 Tensor Tensor::with_huge_pages(DType dtype, const Shape& shape) {
-  Tensor t(dtype, shape);
+  DTRAIN_CHECK(dtype != DType::kString && dtype != DType::kInvalid,
+               "Tensor: cannot allocate a tensor of dtype ", dtype_name(dtype));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  // Not populated: its pages come at first touch, as huge pages once advised below.
+  t.header_ = detail::storage_allocate(t.nbytes(), /*populate=*/false);
+  t.data_ = detail::storage_data(t.header_);
   constexpr uintptr_t kPage = 4096;
   if (t.nbytes() >= (size_t{4} << 20)) {
     // The whole pages inside the buffer; the advice is only a hint, so its failure (a kernel

@@ -283,23 +283,12 @@ void BundleReader::read_bytes(const BundleEntry& e, std::string_view key, void* 
   }
   const std::string path = data_filename(prefix_, e.shard_id, num_shards_);
   const int fd = fds_[static_cast<size_t>(e.shard_id)];
-  auto* p = static_cast<char*>(dst);
-  size_t left = static_cast<size_t>(e.size);
-  off_t off = static_cast<off_t>(e.offset);
-  while (left > 0) {
-    const ssize_t r = ::pread(fd, p, left, off);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_file_error(errno, str_cat("read tensor '", key, "' from"), path);
-    }
-    if (r == 0) {
-      throw DataLossError(str_cat("checkpoint data file ", path, " is truncated: tensor '", key,
-                                  "' occupies bytes [", e.offset, ", ", e.offset + e.size,
-                                  ") but the file ends at ", off));
-    }
-    p += r;
-    off += r;
-    left -= static_cast<size_t>(r);
+  const int64_t got = pread_full(fd, dst, static_cast<size_t>(e.size), e.offset);
+  if (got < 0) throw_file_error(errno, str_cat("read tensor '", key, "' from"), path);
+  if (got < e.size) {
+    throw DataLossError(str_cat("checkpoint data file ", path, " is truncated: tensor '", key,
+                                "' occupies bytes [", e.offset, ", ", e.offset + e.size,
+                                ") but the file ends at ", e.offset + got));
   }
 }
 

@@ -215,6 +215,19 @@ std::string read_to_end(int fd, const std::string& path) {
   return out;
 }
 
+int64_t pread_full(int fd, void* into, size_t n, int64_t at) {
+  auto* p = static_cast<char*>(into);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(at + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    done += static_cast<size_t>(r);
+  }
+  return static_cast<int64_t>(done);
+}
+
 void sync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) throw_file_error(errno, "open directory", dir);

@@ -80,18 +80,9 @@ RecordReader::~RecordReader() {
 }
 
 size_t RecordReader::pread_at(uint64_t offset, void* buf, size_t n) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r =
-        ::pread(fd_, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_file_error(errno, "read", path_);
-    }
-    if (r == 0) break;
-    done += static_cast<size_t>(r);
-  }
-  return done;
+  const int64_t done = pread_full(fd_, buf, n, static_cast<int64_t>(offset));
+  if (done < 0) throw_file_error(errno, "read", path_);
+  return static_cast<size_t>(done);
 }
 
 uint64_t RecordReader::valid_record_at(uint64_t offset) {

@@ -20,6 +20,7 @@
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/cpus.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
 #include "dtrain/core/parallel_for.h"
 #include "dtrain/distribute/collectives.h"
 #include "dtrain/distribute/coordination.h"
@@ -76,15 +77,9 @@ Tensor pack_snapshot(const std::string& prefix) {
     put(sizes[i]);
     const int fd = ::open((dir / names[i]).c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return {};
-    uint64_t done = 0;
-    while (done < sizes[i]) {
-      const ssize_t n = ::pread(fd, at + done, sizes[i] - done, static_cast<off_t>(done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      done += static_cast<uint64_t>(n);
-    }
+    const int64_t done = pread_full(fd, at, sizes[i], 0);
     ::close(fd);
-    if (done != sizes[i]) return {};  // shorter than its size a moment ago
+    if (done != static_cast<int64_t>(sizes[i])) return {};  // shorter than its size a moment ago
     at += sizes[i];
   }
   return blob;

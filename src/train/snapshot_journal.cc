@@ -53,16 +53,7 @@ uint32_t header_crc(const Header& h, const char* index) {
 }
 
 bool pread_all(int fd, void* into, size_t n, off_t at) {
-  auto* p = static_cast<char*>(into);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, at);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-    at += r;
-  }
-  return true;
+  return pread_full(fd, into, n, at) == static_cast<int64_t>(n);
 }
 
 // The step of snapshot file name `<name>-<step>`, or nullopt.

@@ -124,6 +124,22 @@ TEST_F(FileTest, ReuseLeavesAFileThatAReaderHoldsAlone) {
   ::close(reader);
 }
 
+TEST_F(FileTest, PreadFullReadsAtAnOffsetAndStopsAtTheEnd) {
+  write_file_atomically(path("f"), "0123456789");
+  const int fd = ::open(path("f").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  char buf[16] = {};
+  EXPECT_EQ(pread_full(fd, buf, 4, 3), 4);
+  EXPECT_EQ(std::string(buf, 4), "3456");
+  EXPECT_EQ(pread_full(fd, buf, 16, 6), 4);  // the file ends first
+  EXPECT_EQ(std::string(buf, 4), "6789");
+  EXPECT_EQ(pread_full(fd, buf, 4, 10), 0);
+  ::close(fd);
+  errno = 0;
+  EXPECT_EQ(pread_full(fd, buf, 4, 0), -1);  // closed
+  EXPECT_EQ(errno, EBADF);
+}
+
 TEST_F(FileTest, ErrorsNameThePathAndMapErrno) {
   try {
     read_file(path("missing"));

@@ -87,6 +87,11 @@ std::string read_file(const std::string& path);
 // Throws an Error naming `path`.
 std::string read_to_end(int fd, const std::string& path);
 
+// Reads `n` bytes of the open file `fd` at offset `at` into `into`, retrying short and
+// interrupted reads. Returns the bytes read: `n`, fewer where the file ends first, or -1 (errno
+// set) on an error.
+int64_t pread_full(int fd, void* into, size_t n, int64_t at);
+
 // fsyncs directory `dir` so that renames and creations in it are durable. Throws an Error
 // naming the directory.
 void sync_directory(const std::string& dir);

@@ -166,9 +166,7 @@ void SnapshotSlots::adopt_standby_slots() {
   StandbyPool& pool = standby_pool();
   std::lock_guard<std::mutex> lock(pool.mu);
   for (auto& slot : pool.slots) {
-    const std::string path =
-        (fs::path(dir_) / str_cat(journal_slot_stem(options_.name), ::getpid(), "-", next_slot_++))
-            .string();
+    const std::string path = next_slot_path();
     if (::rename(slot->path.c_str(), path.c_str()) != 0) {  // another filesystem, say
       ::unlink(slot->path.c_str());
       continue;
@@ -258,24 +256,16 @@ void SnapshotSlots::committer() {
 }
 
 std::exception_ptr SnapshotSlots::wait_idle() {
-  if (!thread_.joinable()) return nullptr;
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !pending_.has_value(); });
+  if (thread_.joinable()) cv_.wait(lock, [this] { return !pending_.has_value(); });
   return std::exchange(error_, nullptr);
 }
 
 void SnapshotSlots::flush() {
   if (std::exception_ptr error = wait_idle()) std::rethrow_exception(error);
-  if (options_.journal) {
-    std::exception_ptr error;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      error = std::exchange(error_, nullptr);
-    }
-    if (error) std::rethrow_exception(error);
-    if (std::any_of(kept_.begin(), kept_.end(), [](const Kept& k) { return !k.files; })) {
-      commit(Pending{});
-    }
+  if (options_.journal &&
+      std::any_of(kept_.begin(), kept_.end(), [](const Kept& k) { return !k.files; })) {
+    commit(Pending{});
   }
 }
 
@@ -351,9 +341,7 @@ std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
     spares_.pop_back();
   } else {
     slot = std::make_unique<Slot>();
-    slot->path =
-        (fs::path(dir_) / str_cat(journal_slot_stem(options_.name), ::getpid(), "-", next_slot_++))
-            .string();
+    slot->path = next_slot_path();
     slot->fd = ::open(slot->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (slot->fd < 0) throw_file_error(errno, "create", slot->path);
     // Nobody else knows the file yet; locked until the snapshot written into it is committed.
@@ -371,16 +359,18 @@ std::unique_ptr<SnapshotSlots::Slot> SnapshotSlots::take_spare() {
   return slot;
 }
 
+std::string SnapshotSlots::next_slot_path() {
+  return (fs::path(dir_) / str_cat(journal_slot_stem(options_.name), ::getpid(), "-", next_slot_++))
+      .string();
+}
+
 size_t SnapshotSlots::slot_bytes() const {
   return journal_slot_bytes(layout_.bytes, layout_.index_capacity);
 }
 
 std::string SnapshotSlots::save(int64_t step) {
+  // The previous commit: done, or its error (or one snapshots() kept) instead.
   if (std::exception_ptr error = wait_idle()) std::rethrow_exception(error);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
-  }
   const std::string prefix = prefix_of(step);
   // Rewriting a kept snapshot (after a rollback): off the list first, so that no reader ever
   // takes the new bytes for the old snapshot or a torn mix for either.

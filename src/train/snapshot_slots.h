@@ -143,7 +143,8 @@ class SnapshotSlots {
   // kept, as before the save.
   void commit(Pending p);
   void committer();  // the background thread's loop
-  // Waits until no commit is in flight; returns its error (null when none).
+  // Waits until no commit is in flight; returns the error kept for the next call (a commit's, or
+  // one snapshots() could not throw), null when none, and forgets it.
   std::exception_ptr wait_idle();
 
   bool matches(const checkpoint::Checkpoint::Contents& c) const;
@@ -154,6 +155,8 @@ class SnapshotSlots {
   void drop(Kept k);
   // The bytes of a slot for the current layout.
   size_t slot_bytes() const;
+  // A new slot file's path: hidden (journal_slot_stem), unique to this process.
+  std::string next_slot_path();
   void write_state();
   std::string prefix_of(int64_t step) const;
 

@@ -125,7 +125,8 @@ std::optional<SnapshotFiles> read_snapshot(const fs::path& dir, int64_t step) {
 // pin_local's part for a snapshot that only its slot holds: links the slot and writes its index
 // into `staging`; false when it was dropped or rewritten meanwhile.
 bool pin_slot(const fs::path& rank_dir, int64_t step, const fs::path& staging) {
-  for (const train::JournaledSnapshot& j : train::journaled_snapshots(rank_dir.string(), "snap")) {
+  for (const train::JournaledSnapshot& j :
+       train::journaled_snapshots(rank_dir.string(), train::kMemorySnapshotName)) {
     if (j.record.step != step) continue;
     const fs::path data = staging / str_cat("snap-", step, ".data-00000-of-00001");
     if (::link(j.slot.c_str(), data.c_str()) != 0) return false;
@@ -197,7 +198,7 @@ SnapshotKeeper::~SnapshotKeeper() {
 
 std::vector<int64_t> SnapshotKeeper::local_steps(const std::string& key) const {
   // The slots' trailers and the state file (a live worker makes files only when asked).
-  return train::snapshot_steps((fs::path(dir_) / key).string(), "snap");
+  return train::snapshot_steps((fs::path(dir_) / key).string(), train::kMemorySnapshotName);
 }
 
 std::optional<SnapshotFiles> SnapshotKeeper::read_local(const std::string& key,
@@ -205,7 +206,8 @@ std::optional<SnapshotFiles> SnapshotKeeper::read_local(const std::string& key,
   const fs::path dir = fs::path(dir_) / key;
   if (std::optional<SnapshotFiles> files = read_snapshot(dir, step)) return files;
   // Only in its slot (no files made): read under the slot's lock.
-  std::optional<train::JournaledBytes> j = train::read_journaled(dir.string(), "snap", step);
+  std::optional<train::JournaledBytes> j =
+      train::read_journaled(dir.string(), train::kMemorySnapshotName, step);
   if (!j) return std::nullopt;
   return SnapshotFiles{{".data-00000-of-00001", std::move(j->data)},
                        {".index", std::move(j->index)}};
@@ -247,15 +249,12 @@ void SnapshotKeeper::pin_local(int world_size, int64_t step) {
       whole = ::link(f.path().c_str(), (staging / n).c_str()) == 0;
       ++linked;
     }
-    // Only in its slot (no files made): the slot itself is linked.
-    bool from_slot = false;
     if (whole && linked == 0) {
-      from_slot = whole = pin_slot(e.path(), step, staging);
-      linked = 2;
-    }
-    // Every link is of the file its name held, and still holds, for a step still committed:
-    // a snapshot rewritten while it was linked (a rollback rewrites a step) fails the pin.
-    if (whole && linked >= 2 && !from_slot) {
+      // Only in its slot (no files made): the slot itself is linked.
+      whole = pin_slot(e.path(), step, staging);
+    } else if (whole && linked >= 2) {
+      // Every link is of the file its name held, and still holds, for a step still committed:
+      // a snapshot rewritten while it was linked (a rollback rewrites a step) fails the pin.
       for (const auto& f : fs::directory_iterator(staging, ec)) {
         struct stat pinned_st {};
         struct stat named_st {};
@@ -265,8 +264,10 @@ void SnapshotKeeper::pin_local(int world_size, int64_t step) {
       }
       const std::vector<int64_t> still = local_steps(key);
       whole = whole && std::find(still.begin(), still.end(), step) != still.end();
+    } else {
+      whole = false;  // the index or the data file alone
     }
-    if (!whole || linked < 2 || ::rename(staging.c_str(), into.c_str()) != 0) {
+    if (!whole || ::rename(staging.c_str(), into.c_str()) != 0) {
       fs::remove_all(staging, ec);
       continue;
     }
@@ -344,7 +345,7 @@ void SnapshotKeeper::prepare(const Generation& g, distribute::CoordinationClient
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     if (!is_rank_directory(e)) continue;
     try {
-      train::materialize_journal(e.path().string(), "snap");
+      train::materialize_journal(e.path().string(), train::kMemorySnapshotName);
     } catch (const Error& err) {
       say("snapshots: ", err.what());
     }

@@ -29,6 +29,9 @@ inline constexpr size_t kJournalHeaderBytes = 64;
 // A snapshot directory's lock (held by its writer, as a CheckpointManager's) and state file.
 inline constexpr const char* kSnapshotLockFile = ".dtrain.lock";
 inline constexpr const char* kSnapshotStateFile = "checkpoint";
+// The writer name of a worker's in-memory snapshots (SnapshotSlotsOptions::name): its files are
+// "snap-<step>.*", its slots ".snap-slot-*".
+inline constexpr const char* kMemorySnapshotName = "snap";
 
 // ".<name>-slot-": the start of the hidden names of writer `name`'s slot files.
 std::string journal_slot_stem(const std::string& name);

@@ -50,14 +50,15 @@
 
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/tensor_bundle.h"
+#include "snapshot_journal.h"
 
 namespace dtrain::train {
 
 struct SnapshotSlotsOptions {
-  int max_to_keep = 6;                // committed snapshots listed in the state file
-  std::string name = "snap";          // file prefix inside the directory: <name>-<step>
-  bool commit_in_background = false;  // see above
-  bool journal = false;               // files only on demand (see above)
+  int max_to_keep = 6;                     // committed snapshots listed in the state file
+  std::string name = kMemorySnapshotName;  // file prefix inside the directory: <name>-<step>
+  bool commit_in_background = false;       // see above
+  bool journal = false;                    // files only on demand (see above)
 };
 
 class SnapshotSlots {

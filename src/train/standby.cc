@@ -237,7 +237,7 @@ std::atomic<bool> g_assigned{false};
 size_t largest_snapshot_data(const std::string& root) {
   namespace fs = std::filesystem;
   static const std::string kData = ".data-00000-of-00001";
-  static const std::string kSlot = journal_slot_stem("snap");  // MemorySnapshots' slots
+  static const std::string kSlot = journal_slot_stem(kMemorySnapshotName);
   size_t largest = 0;
   std::error_code ec;
   for (const auto& d : fs::directory_iterator(root, ec)) {

@@ -15,6 +15,7 @@
 #include "dtrain/checkpoint/tensor_bundle.h"
 #include "dtrain/core/error.h"
 #include "testutil/expect_throws.h"
+#include "testutil/flip_byte.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::checkpoint {
@@ -39,15 +40,9 @@ class VerifyTest : public ::testing::Test {
     for (int i = 0; i < 3; ++i) manager.save();
   }
 
-  // Flips the byte at `offset` of `path`.
-  static void flip_byte(const std::string& path, std::streamoff offset) {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(offset);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(offset);
-    f.write(&c, 1);
+  // Flips bits of the byte at `offset` of `path`.
+  static void flip_byte(const std::string& path, uint64_t offset) {
+    testutil::flip_byte(path, offset, 0x5a);
   }
 
   std::string dir_;

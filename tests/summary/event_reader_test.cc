@@ -11,6 +11,7 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/summary/summary_writer.h"
+#include "testutil/flip_byte.h"
 #include "testutil/temp_dir.h"
 
 namespace dtrain::summary {
@@ -52,11 +53,7 @@ TEST_F(EventReaderTest, TruncatedFileReadsCompleteEventsThenStops) {
 }
 
 TEST_F(EventReaderTest, FlippedByteIsDataLossNamingTheOffset) {
-  {
-    std::fstream f(path_, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(offsets_[5] + 20));
-    f.put('\x7f');
-  }
+  dtrain::testutil::flip_byte(path_, offsets_[5] + 20, 0x7f);
   EventReader r(path_);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(r.next());
   try {

@@ -1,6 +1,7 @@
 // History, EarlyStopping, TerminateOnNaN.
 #include "dtrain/train/callbacks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -14,7 +15,18 @@ void request_stop_training(nn::Model& model) {
 }
 
 void History::on_epoch_end(int64_t epoch, const Logs& logs) {
+  if (!epochs_.empty() && epoch <= epochs_.back()) {
+    // An epoch run again: drop it and what followed, and rebuild (a key may miss in some epochs).
+    const auto keep = std::lower_bound(epochs_.begin(), epochs_.end(), epoch) - epochs_.begin();
+    epochs_.resize(static_cast<size_t>(keep));
+    logs_.resize(static_cast<size_t>(keep));
+    history_.clear();
+    for (const Logs& l : logs_) {
+      for (const auto& [k, v] : l) history_[k].push_back(v);
+    }
+  }
   epochs_.push_back(epoch);
+  logs_.push_back(logs);
   for (const auto& [k, v] : logs) history_[k].push_back(v);
 }
 

@@ -191,10 +191,7 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
       }
       outcome = step_->run(inputs_);
     } catch (const Error&) {
-      if (!rejoin_after_failure()) throw;
-      next_epoch = resume_->epoch;
-      next_step = resume_->step_in_epoch;
-      return true;
+      return resume_after_failure(next_epoch, next_step);
     }
     if (outcome.rewind) {
       if (outcome.rewind->epoch != epoch) {
@@ -227,10 +224,7 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
       } catch (const Error&) {
         // A peer lost inside a callback's collective (a backup's or snapshot's all-gather of
         // sharded slots) is survived like one lost in the step; any other error propagates.
-        if (!rejoin_after_failure()) throw;
-        next_epoch = resume_->epoch;
-        next_step = resume_->step_in_epoch;
-        return true;
+        return resume_after_failure(next_epoch, next_step);
       }
       bar.update(step, logs_);
     }
@@ -238,34 +232,37 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
     if (s_.stop_training) break;
   }
   DTRAIN_CHECK(step > 0 || out_of_data_, "fit: the training dataset is empty");
+  // The epoch's end has collectives too: the metrics' all-reduce, validation's, and those of
+  // epoch-end callbacks (a sharded backup). A peer lost in any of them is survived like one lost
+  // in a step: the loop goes back to the agreed snapshot, and this epoch ends again from there
+  // (History keeps one entry per epoch).
   try {
     // Under logical replicas every worker already holds the whole batch's metrics.
     if (s_.strategy == nullptr || s_.strategy->logical_replicas() == 0) s_.all_reduce_metrics();
+    s_.fill_logs(logs_);
+    step_->end_epoch(logs_);
+    if (validation_ && step > 0) {
+      step_->sync_model();
+      // As in Keras, the callbacks see validation's on_test_* hooks.
+      const nn::Logs val =
+          run_evaluation(model_, *validation_, std::nullopt, 0, callbacks_, "val_");
+      s_.reset_metrics();  // evaluation reused the trackers; the training values are in logs
+      logs_.insert(val.begin(), val.end());
+    }
+    bar.update(step, logs_, true);
+    // The epoch is complete: callbacks that checkpoint here record "epoch + 1, step 0".
+    position_.step_in_epoch = 0;
+    position_.epoch = epoch + 1;
+    if (reads) {
+      position_.data_position = stream_ ? stream_->state() : data::IteratorState{epoch + 1, 0};
+    } else {
+      const auto [p, q] = computed_position(epoch + 1, 0);
+      position_.data_position = data::IteratorState{p, q};
+    }
+    for (const auto& cb : callbacks_) cb->on_epoch_end(epoch, logs_);
   } catch (const Error&) {
-    if (!rejoin_after_failure()) throw;
-    next_epoch = resume_->epoch;
-    next_step = resume_->step_in_epoch;
-    return true;
+    return resume_after_failure(next_epoch, next_step);
   }
-  s_.fill_logs(logs_);
-  step_->end_epoch(logs_);
-  if (validation_ && step > 0) {
-    step_->sync_model();
-    const nn::Logs val = run_evaluation(model_, *validation_, std::nullopt, 0, {}, "val_");
-    s_.reset_metrics();  // evaluation reused the trackers; the training values are in logs
-    logs_.insert(val.begin(), val.end());
-  }
-  bar.update(step, logs_, true);
-  // The epoch is complete: callbacks that checkpoint here record "epoch + 1, step 0".
-  position_.step_in_epoch = 0;
-  position_.epoch = epoch + 1;
-  if (reads) {
-    position_.data_position = stream_ ? stream_->state() : data::IteratorState{epoch + 1, 0};
-  } else {
-    const auto [p, q] = computed_position(epoch + 1, 0);
-    position_.data_position = data::IteratorState{p, q};
-  }
-  for (const auto& cb : callbacks_) cb->on_epoch_end(epoch, logs_);
   if (out_of_data_) {
     std::cerr << "fit: the input ran out of data after epoch " << epoch + 1
               << "; make sure the dataset can produce steps_per_epoch * epochs batches "
@@ -279,6 +276,13 @@ void FitLoop::before_checkpoint() {
   // No step between a survivor's rejoin (which drops the failed generation's step) and the next
   // step's begin(): nothing is sharded then.
   if (step_ && step_begun_) step_->before_checkpoint();
+}
+
+bool FitLoop::resume_after_failure(int64_t& next_epoch, int64_t& next_step) {
+  if (!rejoin_after_failure()) throw;
+  next_epoch = resume_->epoch;
+  next_step = resume_->step_in_epoch;
+  return true;
 }
 
 bool FitLoop::rejoin_after_failure() {

@@ -59,6 +59,9 @@ class FitLoop {
   // next generation with the state of the agreed snapshot (BackupAndRestore::rejoin_after_failure)
   // and sets resume_ to its position; false when this worker does not survive failures.
   bool rejoin_after_failure();
+  // Called in a catch block of run_epoch: rejoin_after_failure(), then the epoch and step to go
+  // on from (always true); rethrows the error being handled when this worker does not survive it.
+  bool resume_after_failure(int64_t& next_epoch, int64_t& next_step);
   // After a step that skipped its update: counts, and rolls back after too many in a row.
   void on_skipped_step(int64_t epoch, int64_t step);
   [[noreturn]] void preempted(int64_t epoch, int64_t step);

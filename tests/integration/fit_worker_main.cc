@@ -10,13 +10,17 @@
 //              [--input tensors|dataset] [--rows-out FILE] [--logdir D --profile-steps N]
 //              [--clipnorm C | --global-clipnorm C]
 //              [--logical-replicas L] [--dropout 1] [--rows-log PREFIX]
-//              [--standby-delay-ms M]
+//              [--standby-delay-ms M] [--validation 1] [--die-in-validation E] [--die-at-step S]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images. --arch lm: a
 // one-block GPT (nn::GPT: vocabulary 11, context 6, d_model 8, 2 heads) on next-token windows of
 // seeded arithmetic sequences.
 // --exit-at-epoch E: the process exits with status 3 as epoch E (0-based) begins, after the
 // backups of the epochs before it (a stop that keeps the backups, unlike the end of fit).
+// --validation 1: validation data (the first 128 examples) evaluated after each epoch; the
+// worker prints its History's epochs and the last val_loss. --die-in-validation E and
+// --die-at-step S: rank 1 of a launched job's first generation SIGKILLs itself in the middle of
+// epoch E's validation, or as the step after global step S begins (a failure at a chosen point).
 // --report-progress 1: under dtrain launch, report steps and heartbeats to the launcher
 // (fault::install_progress_reporter), as the dtrain binary does.
 // As a hot spare (dtrain launch --spares, DTRAIN_SPARE set), it makes its data and model, waits
@@ -34,6 +38,8 @@
 // With --checkpoint-dir, fit backs up its whole state there and resumes from it when restarted.
 // Under dtrain launch, each worker appends ".rank<R>" to --out.
 // Exit status 0, or 1 with "error: CODE: message" on stderr.
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -187,6 +193,37 @@ struct Backup {
   bool dropout = false;          // --dropout 1: Dropout(0.25, seeded) after the hidden layer
   int64_t standby_delay_ms = 0;  // --standby-delay-ms
   bool report_progress = false;  // --report-progress 1
+  bool validation = false;       // --validation 1: the first 128 examples after each epoch
+  // --die-in-validation E / --die-at-step S: rank 1 of the job's first generation SIGKILLs
+  // itself after the first validation batch of epoch E / as the step after the S-th begins.
+  int64_t die_in_validation = -1;
+  int64_t die_at_step = -1;
+};
+
+// Rank 1 of a launched job's first generation, 1 (a restarted worker has a later one).
+bool first_generation_rank_1() {
+  const char* rank = std::getenv("DTRAIN_RANK");
+  const char* gen = std::getenv("DTRAIN_RDZV_GENERATION");
+  return rank != nullptr && std::string(rank) == "1" && (gen == nullptr || std::string(gen) == "1");
+}
+
+// --die-in-validation / --die-at-step: a failure at a chosen point of fit.
+class DieAt : public train::Callback {
+ public:
+  DieAt(int64_t in_validation, int64_t at_step)
+      : in_validation_(in_validation), at_step_(at_step), armed_(first_generation_rank_1()) {}
+  void on_epoch_begin(int64_t epoch, const nn::Logs&) override { epoch_ = epoch; }
+  void on_train_batch_begin(int64_t, const nn::Logs&) override {
+    if (armed_ && model()->optimizer()->iterations() == at_step_) ::raise(SIGKILL);
+  }
+  void on_test_batch_end(int64_t, const nn::Logs&) override {
+    if (armed_ && epoch_ == in_validation_) ::raise(SIGKILL);
+  }
+
+ private:
+  int64_t in_validation_, at_step_;
+  bool armed_;
+  int64_t epoch_ = -1;
 };
 
 int run(const std::string& mode, std::string out, int replicas, int epochs, int64_t verify_every,
@@ -336,8 +373,14 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
           if (epoch == backup.exit_at_epoch) std::_Exit(3);
         }}));
   }
+  if (backup.die_in_validation >= 0 || backup.die_at_step >= 0) {
+    callbacks.push_back(std::make_shared<DieAt>(backup.die_in_validation, backup.die_at_step));
+  }
+  std::optional<train::ValidationData> validation;
+  if (backup.validation) validation.emplace(std::pair{x.slice(0, 128), y.slice(0, 128)});
   const train::FitOptions fit_options{.epochs = epochs,
                                       .batch_size = backup.batch_size,
+                                      .validation_data = validation,
                                       .seed = 5,
                                       .verbose = 0,
                                       .callbacks = callbacks,
@@ -374,6 +417,17 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
     std::printf("sharded: optimizer_slot_bytes %.0f gradient_bytes %.0f\n",
                 h.last("optimizer_slot_bytes"), h.last("gradient_bytes"));
   }
+  // The epochs History holds: each once and in order, also for a survivor that rolled back
+  // over an epoch's end.
+  const std::vector<int64_t>& he = h.epochs();
+  bool in_order = !he.empty();
+  for (size_t i = 1; i < he.size(); ++i) in_order &= he[i] == he[i - 1] + 1;
+  for (const auto& [key, values] : h.history()) in_order &= values.size() == he.size();
+  std::printf("history: epochs %lld to %lld, %s\n",
+              he.empty() ? -1LL : static_cast<long long>(he[0]),
+              he.empty() ? -1LL : static_cast<long long>(he.back()),
+              in_order ? "each once in order" : "NOT each once in order");
+  if (backup.validation) std::printf("val_loss %.9g\n", h.last("val_loss"));
   std::printf("%s done: loss %.6f accuracy %.6f\n", mode.c_str(), h.last("loss"),
               h.last("accuracy"));
   return 0;
@@ -447,6 +501,12 @@ int main(int argc, char** argv) {
       backup.dropout = v == "1";
     else if (k == "--standby-delay-ms")
       backup.standby_delay_ms = std::atoll(v.c_str());
+    else if (k == "--validation")
+      backup.validation = v == "1";
+    else if (k == "--die-in-validation")
+      backup.die_in_validation = std::atoll(v.c_str());
+    else if (k == "--die-at-step")
+      backup.die_at_step = std::atoll(v.c_str());
     else if (k == "--report-progress")
       report_progress = v == "1";
     else {

@@ -274,6 +274,41 @@ class LaunchSurvivors : public ::testing::Test {
     EXPECT_GE(checked, 1) << tail(log);
   }
 
+  // One failure at a chosen point of rank 1's fit (fit_worker's --die-in-validation or
+  // --die-at-step, with --validation 1): rank 0 must survive it, and every rank must end bitwise
+  // equal to the uninterrupted run (validation changes no weight) with the same last val_loss.
+  // Rank 0's History must hold every epoch once, in order: a restart-all would have started a
+  // new History at the resumed epoch.
+  void check_one_failure(Process& p, const std::string& ref) {
+    const int code = wait_for(p, Clock::now() + std::chrono::seconds(180));
+    const std::string log = read_file(dir_ + "/job.log");
+    ASSERT_EQ(code, 0) << tail(log);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(read_file(dir_ + "/out.bin.rank" + std::to_string(r)), ref)
+          << "worker " << r << " differs\n"
+          << tail(log);
+    }
+    EXPECT_NE(log.find("[rank 0] history: epochs 0 to " + std::to_string(kEpochs - 1) +
+                       ", each once in order"),
+              std::string::npos)
+        << tail(log);
+    const auto val_loss = [&](int rank) {
+      const std::string key = "[rank " + std::to_string(rank) + "] val_loss ";
+      const size_t at = log.find(key);
+      return at == std::string::npos
+                 ? std::string("(none)")
+                 : log.substr(at + key.size(), log.find('\n', at) - at - key.size());
+    };
+    EXPECT_NE(val_loss(0), "(none)") << tail(log);
+    EXPECT_EQ(val_loss(0), val_loss(1)) << tail(log);
+    const auto all = events(dir_ + "/events.jsonl");
+    const auto continued = of_kind(all, "survivors");
+    ASSERT_EQ(continued.size(), 1u) << tail(log);
+    EXPECT_NE(continued[0].value("restarted", "").find("1 (pid"), std::string::npos)
+        << continued[0].dump();
+    EXPECT_NE(log.find("in the surviving process (no disk read)"), std::string::npos) << tail(log);
+  }
+
   std::string dir_;
   int kept_ = 0, lost_ = 0;
 };
@@ -301,6 +336,25 @@ TEST_F(LaunchSurvivors, ShardedOptimizerStateSurvivesBitwise) {
   // Under ZeRO a backup gathers the slots (a collective): survivor and newcomer must back up at
   // the same steps, and a peer lost during that gather is survived like one lost in a step.
   check_result(p, 2, ref, kills, /*every_kill_survived=*/true);
+}
+
+// (c) A worker lost in the middle of an epoch's validation: the survivor catches the failed
+// all-reduce there and ends the epoch again, from the agreed snapshot, with its newcomer.
+TEST_F(LaunchSurvivors, AWorkerLostInValidationLeavesTheSurvivorRunning) {
+  const std::string ref = reference(2);
+  ASSERT_FALSE(ref.empty());
+  Process p = start(2, "survivors", {"--validation", "1", "--die-in-validation", "30"});
+  check_one_failure(p, ref);
+}
+
+// (d) A worker lost in the second step of epoch 31 (12 steps per epoch): the newest snapshot every
+// rank holds is step 372 (every 3 steps), the last of epoch 30, so the survivor rolls back over
+// the epoch's end, which runs again: its History keeps one entry per epoch.
+TEST_F(LaunchSurvivors, ARollbackOverAnEpochsEndKeepsOneHistoryEntryPerEpoch) {
+  const std::string ref = reference(2);
+  ASSERT_FALSE(ref.empty());
+  Process p = start(2, "survivors", {"--validation", "1", "--die-at-step", "373"});
+  check_one_failure(p, ref);
 }
 
 // (b) Three workers, two killed at the same moment, several times: the one left keeps running.

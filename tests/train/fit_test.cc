@@ -75,6 +75,55 @@ TEST(Fit, LearnsAndReportsHistoryAndValidation) {
   EXPECT_NEAR(eval.at("loss"), h.last("val_loss"), 1e-6);
 }
 
+// As in Keras, fit's validation runs the callbacks' on_test_* hooks, once per epoch.
+TEST(Fit, ValidationCallsTheCallbacksTestHooks) {
+  const Blobs train = make_blobs(96, 3, 1), test = make_blobs(80, 3, 2);
+  auto model = small_model(3);
+  struct Hooks : train::Callback {
+    int begins = 0, batches = 0, ends = 0;
+    double last_loss = -1;
+    void on_test_begin(const nn::Logs&) override { ++begins; }
+    void on_test_batch_end(int64_t, const nn::Logs&) override { ++batches; }
+    void on_test_end(const nn::Logs& logs) override {
+      ++ends;
+      last_loss = logs.at("loss");
+    }
+  };
+  auto hooks = std::make_shared<Hooks>();
+  const train::History h = model->fit(train.x, train.y,
+                                      {.epochs = 2,
+                                       .batch_size = 32,
+                                       .validation_data = std::make_pair(test.x, test.y),
+                                       .seed = 4,
+                                       .verbose = 0,
+                                       .callbacks = {hooks}});
+  EXPECT_EQ(hooks->begins, 2);
+  EXPECT_EQ(hooks->batches, 2 * 3);  // 80 rows in batches of 32
+  EXPECT_EQ(hooks->ends, 2);
+  EXPECT_EQ(hooks->last_loss, h.last("val_loss"));
+}
+
+// An epoch that ends again (a survivor's rollback over an epoch's end) replaces its entry and the
+// later ones; keys missing from some epochs stay aligned with their own epochs.
+TEST(Fit, HistoryReplacesAnEpochThatEndsAgain) {
+  train::History h;
+  h.on_epoch_end(0, {{"loss", 3.0}});
+  h.on_epoch_end(1, {{"loss", 2.0}, {"val_loss", 2.5}});
+  h.on_epoch_end(2, {{"loss", 1.0}, {"val_loss", 1.5}});
+  h.on_epoch_end(1, {{"loss", 2.0}, {"val_loss", 2.5}});
+  EXPECT_EQ(h.epochs(), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(h.history().at("loss"), (std::vector<double>{3.0, 2.0}));
+  EXPECT_EQ(h.history().at("val_loss"), (std::vector<double>{2.5}));
+  h.on_epoch_end(2, {{"loss", 1.0}, {"val_loss", 1.5}});
+  EXPECT_EQ(h.epochs(), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(h.history().at("loss"), (std::vector<double>{3.0, 2.0, 1.0}));
+  EXPECT_EQ(h.last("val_loss"), 1.5);
+  h.on_epoch_end(0, {{"loss", 4.0}});
+  EXPECT_EQ(h.epochs(), (std::vector<int64_t>{0}));
+  EXPECT_EQ(h.history().count("val_loss"), 0u);
+  EXPECT_EQ(h.last("loss"), 4.0);
+}
+
 TEST(Fit, SameSeedGivesBitwiseIdenticalWeights) {
   const Blobs train = make_blobs(500, 3, 5);
   auto run = [&] {

@@ -129,7 +129,9 @@ struct PredictOptions {
   int64_t batch_size = 32;  // for predict(x)
 };
 
-// Per-epoch logs of fit() (keras History): history()["loss"][e] is epoch e's mean loss.
+// Per-epoch logs of fit() (keras History): history()["loss"][e] is epoch e's mean loss. An epoch
+// that ends again (a survivor of a failure rolled back to a snapshot before its end) replaces
+// its entry and every later one, so the history is the uninterrupted run's.
 class History : public Callback {
  public:
   void on_train_begin(const Logs&) override {}
@@ -142,6 +144,7 @@ class History : public Callback {
  private:
   std::map<std::string, std::vector<double>> history_;
   std::vector<int64_t> epochs_;
+  std::vector<Logs> logs_;  // each epoch's, as history_ was built from them
 };
 
 }  // namespace dtrain::train

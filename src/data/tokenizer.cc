@@ -16,14 +16,11 @@ Tensor Tokenizer::encode_tensor(std::string_view text) const {
   return Tensor::from_vector<int32_t>(ids, Shape{static_cast<int64_t>(ids.size())});
 }
 
-std::unique_ptr<Tokenizer> tokenizer_from_bytes(std::string_view bytes) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(bytes);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataLossError(
-        str_cat("tokenizer_from_bytes: not a serialized tokenizer (invalid JSON: ", e.what(), ")"));
-  }
+namespace {
+
+// The tokenizer a parsed envelope describes; throws DataLossError, and json exceptions for fields
+// of the wrong JSON type.
+std::unique_ptr<Tokenizer> from_json(const nlohmann::json& j) {
   if (!j.is_object() || j.value("format", "") != detail::kTokenizerFormat) {
     throw DataLossError(
         str_cat("tokenizer_from_bytes: not a serialized tokenizer (expected a JSON "
@@ -96,6 +93,24 @@ std::unique_ptr<Tokenizer> tokenizer_from_bytes(std::string_view bytes) {
   }
   throw DataLossError(str_cat("tokenizer_from_bytes: unknown tokenizer class '", class_name,
                               "'; known: CharTokenizer, SentencePieceTokenizer"));
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> tokenizer_from_bytes(std::string_view bytes) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(bytes);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataLossError(
+        str_cat("tokenizer_from_bytes: not a serialized tokenizer (invalid JSON: ", e.what(), ")"));
+  }
+  // A field of the wrong JSON type ("format": {}) is malformed input too.
+  try {
+    return from_json(j);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataLossError(str_cat("tokenizer_from_bytes: malformed tokenizer: ", e.what()));
+  }
 }
 
 namespace detail {

@@ -26,7 +26,13 @@ int64_t Shape::dim(int i) const {
 
 int64_t Shape::num_elements() const {
   int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= dims_[i];
+  for (int i = 0; i < rank_; ++i) {
+    // A product past int64 (a corrupt or absurd config's dimensions) would size a buffer wrongly.
+    if (__builtin_mul_overflow(n, dims_[i], &n)) {
+      throw InvalidArgumentError(
+          str_cat("Shape ", to_string(), ": the number of elements does not fit in 64 bits"));
+    }
+  }
   return n;
 }
 

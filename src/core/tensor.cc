@@ -2,6 +2,7 @@
 #include "dtrain/core/tensor.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,16 +13,41 @@
 
 namespace dtrain {
 
-Tensor::Tensor(DType dtype, const Shape& shape) : shape_(shape), dtype_(dtype) {
+namespace {
+
+// Throws unless a buffer of `shape` and `dtype` can be allocated at all: its byte count fits in
+// 64 bits and in this machine's memory (a wrong size from a corrupt file or an absurd argument
+// is a clear error, not an out-of-memory kill once the pages are touched).
+void check_allocatable(DType dtype, const Shape& shape) {
   DTRAIN_CHECK(dtype != DType::kString && dtype != DType::kInvalid,
                "Tensor: cannot allocate a tensor of dtype ", dtype_name(dtype));
+  const int64_t elements = shape.num_elements();  // throws past 64 bits
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(elements, static_cast<int64_t>(dtype_size(dtype)), &bytes)) {
+    throw InvalidArgumentError(str_cat("Tensor: shape ", shape.to_string(), " of ",
+                                       dtype_name(dtype), " has more than 2^63 bytes"));
+  }
+  static const int64_t memory = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
+  }();
+  if (bytes > memory) {
+    throw ResourceExhaustedError(
+        str_cat("Tensor: shape ", shape.to_string(), " of ", dtype_name(dtype), " needs ", bytes,
+                " bytes, more than this machine's memory (", memory, " bytes)"));
+  }
+}
+
+}  // namespace
+
+Tensor::Tensor(DType dtype, const Shape& shape) : shape_(shape), dtype_(dtype) {
+  check_allocatable(dtype, shape);
   header_ = detail::storage_allocate(nbytes());
   data_ = detail::storage_data(header_);
 }
 
 Tensor Tensor::with_huge_pages(DType dtype, const Shape& shape) {
-  DTRAIN_CHECK(dtype != DType::kString && dtype != DType::kInvalid,
-               "Tensor: cannot allocate a tensor of dtype ", dtype_name(dtype));
+  check_allocatable(dtype, shape);
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;

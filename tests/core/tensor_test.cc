@@ -59,6 +59,21 @@ TEST(Tensor, ItemAndEquals) {
   EXPECT_FALSE(Tensor::ones(Shape{3}).equals(Tensor::zeros(Shape{3})));
 }
 
+// Sizes from a corrupt file or an absurd argument are errors before anything is allocated.
+TEST(Tensor, ImpossibleSizesAreClearErrors) {
+  const int64_t big = int64_t{1} << 40;
+  EXPECT_THROW((void)Shape({big, big}).num_elements(), InvalidArgumentError);
+  EXPECT_THROW(Tensor(Shape{big, big}), InvalidArgumentError);
+  EXPECT_THROW(Tensor(Shape{int64_t{1} << 62}), InvalidArgumentError);  // 2^64 bytes
+  try {
+    Tensor t(Shape{big, 1024});  // 4 PiB
+    FAIL() << "allocated " << t.nbytes() << " bytes";
+  } catch (const ResourceExhaustedError& e) {
+    EXPECT_NE(std::string(e.what()).find("[1099511627776, 1024]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Tensor::with_huge_pages(DType::kFloat32, Shape{big, 1024}), ResourceExhaustedError);
+}
+
 TEST(Allocator, ReusesFreedBuffersOfTheSameSize) {
   { Tensor warm(Shape{1000, 3}); }
   const auto before = allocator_stats();

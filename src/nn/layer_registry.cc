@@ -81,7 +81,13 @@ std::shared_ptr<Layer> layer_from_json(const json& lj, const std::string& where)
     throw InvalidArgumentError(str_cat(where, ": unknown layer class '", cls, "' (supported: ",
                                        joined(layer_registry().class_names()), ")"));
   }
-  std::shared_ptr<Layer> layer = factory(c, str_cat(where, " (", cls, ")"));
+  std::shared_ptr<Layer> layer;
+  try {
+    layer = factory(c, str_cat(where, " (", cls, ")"));
+  } catch (const json::exception& e) {
+    // A field of the wrong JSON type ("units": "x", "kernel_initializer": {"class_name": {}}).
+    throw InvalidArgumentError(str_cat(where, " (", cls, "): malformed config: ", e.what()));
+  }
   if (c.contains("trainable") && c["trainable"].is_boolean()) {
     layer->set_trainable(c["trainable"].get<bool>());
   }

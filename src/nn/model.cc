@@ -223,13 +223,10 @@ std::string Sequential::to_json() const {
 
 // ---------------------------------------------------------------------------------------------
 
-std::unique_ptr<Model> model_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgumentError(str_cat("model_from_json: invalid JSON: ", e.what()));
-  }
+namespace {
+
+// model_from_json after the parse.
+std::unique_ptr<Model> model_from_parsed(const json& j) {
   DTRAIN_CHECK(j.is_object() && j.contains("class_name") && j["class_name"].is_string(),
                "model_from_json: expected {\"class_name\": \"Sequential\", \"config\": ...}");
   const std::string cls = j["class_name"].get<std::string>();
@@ -278,6 +275,23 @@ std::unique_ptr<Model> model_from_json(const std::string& text) {
                                                "model_from_json: config.build_input_shape"));
   }
   return model;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> model_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgumentError(str_cat("model_from_json: invalid JSON: ", e.what()));
+  }
+  try {
+    return model_from_parsed(j);
+  } catch (const json::exception& e) {
+    // A field of the wrong JSON type outside any layer's config.
+    throw InvalidArgumentError(str_cat("model_from_json: malformed model config: ", e.what()));
+  }
 }
 
 }  // namespace dtrain::nn

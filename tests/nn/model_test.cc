@@ -145,6 +145,33 @@ TEST_F(ModelTest, InvalidJsonGivesClearErrors) {
                InvalidArgumentError);
 }
 
+// Found by fuzzing model_from_json with Keras 2 and 3 configs whose fields were replaced by
+// values of other JSON types and sizes: each escaped as an nlohmann exception, or asked for a
+// 4 TiB kernel.
+TEST_F(ModelTest, MalformedConfigValuesAreClearErrors) {
+  const auto message = [](const char* json) -> std::string {
+    try {
+      model_from_json(json);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  std::string m = message(R"({"class_name": "Sequential", "config": "x"})");
+  EXPECT_NE(m.find("model_from_json"), std::string::npos) << m;
+  m = message(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "Dense", "config": {"name": "d", "units": 3,
+       "kernel_initializer": {"class_name": {}, "config": {}}}}]}})");
+  EXPECT_NE(m.find("layers[0] (Dense)"), std::string::npos) << m;
+  m = message(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "Dense", "config": {"units": "many"}}]}})");
+  EXPECT_NE(m.find("layers[0] (Dense)"), std::string::npos) << m;
+  m = message(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
+      {"class_name": "Dense", "config": {"units": 1099511627776}}]}})");
+  EXPECT_NE(m.find("more than this machine's memory"), std::string::npos) << m;
+}
+
 class TutorialModel : public Model {
  public:
   TutorialModel() : Model("tutorial_model") {}

@@ -354,7 +354,8 @@ class ConfigReader {
  public:
   ConfigReader(const OptimizerConfig& config, std::initializer_list<const char*> known)
       : config_(config) {
-    for (const auto& [key, value] : config.hyperparameters) {
+    for (const auto& hyperparameter : config.hyperparameters) {
+      const std::string& key = hyperparameter.first;
       DTRAIN_CHECK(
           key == "clipnorm" || key == "clipvalue" || key == "global_clipnorm" ||
               std::any_of(known.begin(), known.end(), [&](const char* k) { return key == k; }),

@@ -154,19 +154,17 @@ const std::vector<double>* find_list(const ScheduleConfig& c, const char* key) {
 void check_keys(const ScheduleConfig& c, std::initializer_list<const char*> scalars,
                 std::initializer_list<const char*> lists,
                 std::initializer_list<const char*> schedules = {}) {
-  for (const auto& [k, v] : c.schedules) {
-    DTRAIN_CHECK(
-        std::any_of(schedules.begin(), schedules.end(), [&](const char* s) { return k == s; }),
-        c.class_name, ": unknown config key '", k, "' (a schedule)");
-  }
-  for (const auto& [k, v] : c.scalars) {
-    DTRAIN_CHECK(std::any_of(scalars.begin(), scalars.end(), [&](const char* s) { return k == s; }),
-                 c.class_name, ": unknown config key '", k, "'");
-  }
-  for (const auto& [k, v] : c.lists) {
-    DTRAIN_CHECK(std::any_of(lists.begin(), lists.end(), [&](const char* s) { return k == s; }),
-                 c.class_name, ": unknown config key '", k, "'");
-  }
+  const auto check = [&c](const auto& entries, std::initializer_list<const char*> known,
+                          const char* kind) {
+    for (const auto& entry : entries) {
+      const std::string& k = entry.first;
+      DTRAIN_CHECK(std::any_of(known.begin(), known.end(), [&k](const char* s) { return k == s; }),
+                   c.class_name, ": unknown config key '", k, "'", kind);
+    }
+  };
+  check(c.schedules, schedules, " (a schedule)");
+  check(c.scalars, scalars, "");
+  check(c.lists, lists, "");
 }
 
 double require_scalar(const ScheduleConfig& c, const char* key) {

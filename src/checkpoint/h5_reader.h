@@ -15,6 +15,23 @@ class Reader {
       throw DataLossError(str_cat(path_, ": not an HDF5 file (no HDF5 signature: empty, ",
                                   "truncated or overwritten)"));
     }
+    {
+      const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) corrupt(str_cat("cannot open: ", std::strerror(errno)));
+      const auto read = [&](uint64_t at, uint64_t n) {
+        std::string b(n, '\0');
+        const int64_t got = pread_full(fd, b.data(), n, static_cast<int64_t>(at));
+        b.resize(got > 0 ? static_cast<size_t>(got) : 0);
+        return b;
+      };
+      try {
+        check_global_heaps(file_size_, read, path_);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+    }
     file_ = file_handle(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
     if (!file_.valid()) {
       throw DataLossError(
@@ -31,6 +48,12 @@ class Reader {
         std::memcmp(image.data(), kSignature, sizeof(kSignature)) != 0) {
       throw DataLossError(str_cat(path_, ": not an HDF5 file (no HDF5 signature)"));
     }
+    check_global_heaps(
+        file_size_,
+        [&image](uint64_t at, uint64_t n) {
+          return at >= image.size() ? std::string() : image.substr(at, n);
+        },
+        path_);
     static std::atomic<uint64_t> counter{0};
     Handle fapl = plist_handle(H5Pcreate(H5P_FILE_ACCESS));
     if (!fapl.valid() || H5Pset_fapl_core(fapl.get(), 1 << 16, /*backing_store=*/0) < 0 ||
@@ -78,7 +101,16 @@ class Reader {
                                          describe_type(type.get(), space.get())));
     }
     if (n == 0) return out;
-    if (H5Tis_variable_str(type.get()) > 0) {
+    // Every string takes file space (a variable-length one its 16-byte global heap reference, a
+    // fixed-length one its size): an extent past that is corrupt, and reading it would loop over
+    // the claimed count inside HDF5 (a fuzzed file's "1 string" read as billions took minutes).
+    const bool variable = H5Tis_variable_str(type.get()) > 0;
+    const size_t element_bytes = variable ? 16 : std::max<size_t>(H5Tget_size(type.get()), 1);
+    if (n > file_size_ / element_bytes) {
+      corrupt(str_cat("attribute '", name, "' of ", where, " claims ", n,
+                      " strings, more than the file's ", file_size_, " bytes can hold"));
+    }
+    if (variable) {
       Handle mem = type_handle(H5Tcopy(H5T_C_S1));
       H5Tset_size(mem.get(), H5T_VARIABLE);
       H5Tset_cset(mem.get(), H5Tget_cset(type.get()));

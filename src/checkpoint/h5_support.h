@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <string>
 
 #include "dtrain/checkpoint/keras_h5.h"
 #include "dtrain/core/error.h"
@@ -210,6 +211,49 @@ inline std::string describe_type(hid_t type, hid_t space) {
 
 // Fails with NotFoundError / InvalidArgumentError unless `path` is an existing regular file;
 // returns its size.
+// Debian 12's libhdf5 (1.10.8) loops forever on a global heap collection ("GCOL", where the
+// variable-length strings of h5py's attributes live) whose free-space object has size 0: its
+// parser never advances (H5HG__cache_heap_deserialize). A corrupt or crafted .h5 would hang
+// load_model inside the library, so every collection is walked as that parser walks it before
+// the file is opened, and such a file is rejected. `read(offset, n)` returns up to n bytes at
+// offset of a file of `size` bytes; `label` names it in the error. Lengths are 8 bytes (the
+// superblock default that h5py and Keras use; with 4-byte lengths a collection reads as
+// implausible and is skipped).
+template <class Read>
+void check_global_heaps(uint64_t size, const Read& read, const std::string& label) {
+  constexpr uint64_t kChunk = uint64_t{1} << 20, kHeader = 16, kMinCollection = 4096;
+  const auto u64 = [](const std::string& b, size_t at) {
+    uint64_t v = 0;
+    std::memcpy(&v, b.data() + at, sizeof v);  // little-endian, as the file
+    return v;
+  };
+  for (uint64_t at = 0; at < size; at += kChunk) {
+    const std::string chunk = read(at, kChunk + 3);  // a signature across chunks is seen once
+    for (size_t i = chunk.find("GCOL"); i != std::string::npos && i < kChunk;
+         i = chunk.find("GCOL", i + 1)) {
+      const uint64_t start = at + i;
+      const std::string head = read(start, kHeader);
+      if (head.size() < kHeader || head[4] != 1) continue;  // not a version-1 collection
+      const uint64_t bytes = u64(head, 8);
+      if (bytes < kMinCollection || bytes > size - start) continue;  // HDF5 rejects it itself
+      const std::string c = read(start, bytes);
+      for (uint64_t p = kHeader; p + kHeader <= c.size();) {
+        uint16_t index = 0;
+        std::memcpy(&index, c.data() + p, sizeof index);
+        const uint64_t object = u64(c, p + 8);
+        const uint64_t need = index > 0 ? kHeader + ((object + 7) & ~uint64_t{7}) : object;
+        if (need == 0) {
+          throw DataLossError(str_cat(label, ": corrupt HDF5 global heap collection at offset ",
+                                      start, " (a free-space object of size 0 at offset ",
+                                      start + p, ")"));
+        }
+        if (need > c.size() - p) break;  // past the collection: HDF5's walk ends there too
+        p += need;
+      }
+    }
+  }
+}
+
 inline uint64_t check_readable_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {

@@ -138,6 +138,35 @@ TEST(SavingErrors, MissingAndCorruptFiles) {
   EXPECT_NE(msg.find(dir.file("cut.h5")), std::string::npos) << msg;
 }
 
+// A global heap collection whose free-space object has size 0 makes libhdf5 1.10 loop forever
+// on the first string attribute it reads (found by fuzzing load_model): it is rejected before
+// HDF5 parses it. The file is Keras 3.14's fixture (whose string attributes are variable-length,
+// in a global heap) with that one field zeroed.
+TEST(SavingErrors, AGlobalHeapThatWouldHangHdf5IsDataLoss) {
+  TempDir dir;
+  std::string bytes = read_bytes("../shared/fixtures/keras3/fashion_cnn_keras3141.h5");
+  const size_t heap = bytes.find("GCOL");
+  ASSERT_NE(heap, std::string::npos);
+  uint64_t heap_bytes = 0;
+  std::memcpy(&heap_bytes, bytes.data() + heap + 8, 8);
+  size_t p = heap + 16;  // the objects: index (2), references (2), reserved (4), size (8), data
+  while (true) {
+    ASSERT_LT(p + 16, heap + heap_bytes) << "no free-space object";
+    uint16_t index = 0;
+    uint64_t size = 0;
+    std::memcpy(&index, bytes.data() + p, 2);
+    std::memcpy(&size, bytes.data() + p + 8, 8);
+    if (index == 0) break;
+    p += 16 + (size + 7) / 8 * 8;
+  }
+  std::memset(bytes.data() + p + 8, 0, 8);
+  write_bytes(dir.file("heap.h5"), bytes);
+  const std::string msg = expect_throws<DataLossError>([&] { load_model(dir.file("heap.h5")); });
+  EXPECT_NE(msg.find("global heap collection at offset " + std::to_string(heap)),
+            std::string::npos)
+      << msg;
+}
+
 TEST(SavingErrors, LayerCountAndShapeMismatchNameTheLayerWeightAndShapes) {
   TempDir dir;
   nn::Sequential a(

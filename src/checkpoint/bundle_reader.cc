@@ -28,6 +28,36 @@ using detail::decode_entry;
 
 namespace {
 
+// LevelDB's Table::Open allocates the index and meta-index blocks at the sizes the footer gives
+// before it reads them, and the footer has no checksum: a corrupt footer could ask for
+// terabytes (std::bad_alloc) or gigabytes of memory. Both blocks, with their 5-byte trailers,
+// must lie inside the file. (The blocks the index then names are checksummed with it.)
+void check_index_footer(std::string_view index, const std::string& index_path) {
+  constexpr size_t kFooter = 48, kTrailer = 5;
+  if (index.size() < kFooter) return;  // Table::Open reports the truncation itself
+  std::string_view footer = index.substr(index.size() - kFooter);
+  const auto varint = [&footer](uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift <= 63 && !footer.empty(); shift += 7) {
+      const auto byte = static_cast<uint8_t>(footer.front());
+      footer.remove_prefix(1);
+      v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  };
+  for (const char* block : {"meta-index", "index"}) {
+    uint64_t offset = 0, size = 0;
+    if (!varint(offset) || !varint(size)) return;  // Table::Open reports a bad footer
+    const uint64_t room = index.size() - kFooter;
+    if (offset > room || size > room - offset || kTrailer > room - offset - size) {
+      throw DataLossError(str_cat("checkpoint index ", index_path,
+                                  " is corrupt: its footer puts the ", block, " block at [", offset,
+                                  ", +", size, ") in a file of ", index.size(), " bytes"));
+    }
+  }
+}
+
 // How a reader holds a checkpoint file against recycling (CheckpointManager::recycle_files: a
 // writer overwriting a dropped checkpoint's file holds an exclusive flock on it and skips files
 // on which someone holds a shared one).
@@ -160,6 +190,7 @@ BundleReader::BundleReader(std::string prefix, BundleBytes bytes)
 }
 
 void BundleReader::parse_index(std::string_view index, const std::string& index_path) {
+  check_index_footer(index, index_path);
   StringSource source(index);
   leveldb::Options options;
   options.paranoid_checks = true;  // verify the index block's checksum at open

@@ -290,6 +290,28 @@ TEST_F(BundleTest, TruncationIsDetected) {
   EXPECT_THROW(BundleReader(path("ckpt")), DataLossError);
 }
 
+// The index's LevelDB footer has no checksum, and LevelDB allocates a block at the size the
+// footer gives before reading it: a footer asking for 1 TiB was a std::bad_alloc (or a
+// multi-gigabyte allocation) out of BundleReader (found by fuzzing). It is DataLoss now.
+TEST_F(BundleTest, AFooterPointingPastTheIndexIsDataLoss) {
+  const std::string prefix = kFixtures + "/counter/variables";
+  std::string index = read_file(index_filename(prefix));
+  ASSERT_GT(index.size(), 48u);
+  // meta-index handle (0, 0); index handle (0, 2^40) as varints; zero padding; the magic stays.
+  std::string footer = {'\0', '\0', '\0', '\x80', '\x80', '\x80', '\x80', '\x80', '\x20'};
+  footer.resize(40, '\0');
+  index.replace(index.size() - 48, 40, footer);
+  const std::string shard = read_file(data_filename(prefix, 0, 1));
+  try {
+    BundleReader r("corrupt", {.index = index, .shards = {shard}});
+    FAIL() << "accepted";
+  } catch (const DataLossError& e) {
+    EXPECT_NE(std::string(e.what()).find("footer puts the index block at [0, +1099511627776)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // --- A bundle in memory --------------------------------------------------------------------
 
 // The files' bytes read into memory read as the files do: TF's two-shard fixture, every value.

@@ -282,13 +282,10 @@ std::shared_ptr<Initializer> initializer_from_name(const std::string& name,
       "truncated_normal)");
 }
 
-std::shared_ptr<Initializer> initializer_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgumentError(str_cat("initializer config: invalid JSON: ", e.what()));
-  }
+namespace {
+
+// initializer_from_json after the parse (`text` for the messages).
+std::shared_ptr<Initializer> initializer_from_parsed(const json& j, const std::string& text) {
   if (j.is_string()) return initializer_from_name(j.get<std::string>());
   DTRAIN_CHECK(j.is_object() && j.contains("class_name"),
                "initializer config: expected {\"class_name\": ..., \"config\": ...}, got ", text);
@@ -320,6 +317,23 @@ std::shared_ptr<Initializer> initializer_from_json(const std::string& text) {
                                              seed);
   }
   return initializer_from_name(cls, seed);
+}
+
+}  // namespace
+
+std::shared_ptr<Initializer> initializer_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidArgumentError(str_cat("initializer config: invalid JSON: ", e.what()));
+  }
+  try {
+    return initializer_from_parsed(j, text);
+  } catch (const json::exception& e) {
+    // A field of the wrong JSON type ("class_name": {}, "gain": "x").
+    throw InvalidArgumentError(str_cat("initializer config ", text, ": ", e.what()));
+  }
 }
 
 std::shared_ptr<Initializer> constant_initializer(float value) {

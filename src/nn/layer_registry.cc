@@ -87,6 +87,11 @@ std::shared_ptr<Layer> layer_from_json(const json& lj, const std::string& where)
   } catch (const json::exception& e) {
     // A field of the wrong JSON type ("units": "x", "kernel_initializer": {"class_name": {}}).
     throw InvalidArgumentError(str_cat(where, " (", cls, "): malformed config: ", e.what()));
+  } catch (const InvalidArgumentError& e) {
+    // An error from a part that does not know the layer (an initializer's config) gets its name.
+    const std::string message = e.what();
+    if (message.find(where) != std::string::npos) throw;
+    throw InvalidArgumentError(str_cat(where, " (", cls, "): ", message));
   }
   if (c.contains("trainable") && c["trainable"].is_boolean()) {
     layer->set_trainable(c["trainable"].get<bool>());

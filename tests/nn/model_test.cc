@@ -8,6 +8,7 @@
 #include "dtrain/autograd/functions.h"
 #include "dtrain/autograd/gradient_tape.h"
 #include "dtrain/core/random.h"
+#include "dtrain/nn/initializers.h"
 #include "dtrain/nn/layers.h"
 
 namespace dtrain::nn {
@@ -170,6 +171,12 @@ TEST_F(ModelTest, MalformedConfigValuesAreClearErrors) {
       {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8]}},
       {"class_name": "Dense", "config": {"units": 1099511627776}}]}})");
   EXPECT_NE(m.find("more than this machine's memory"), std::string::npos) << m;
+  // The public initializer_from_json the same way.
+  EXPECT_THROW(initializer_from_json(R"({"class_name": {}})"), InvalidArgumentError);
+  EXPECT_THROW(initializer_from_json(R"({"class_name": "Orthogonal", "config": {"gain": "x"}})"),
+               InvalidArgumentError);
+  EXPECT_NE(initializer_from_json(R"({"class_name": "Orthogonal", "config": {"gain": 2}})"),
+            nullptr);
 }
 
 class TutorialModel : public Model {

@@ -104,11 +104,12 @@ TEST(TokenizerFromBytes, RejectsWhatIsNotATokenizer) {
                        "class_name": "SentencePieceTokenizer", "config": {"model_proto": "AAAA"}})"),
                DataLossError);
   // Fields of the wrong JSON type (found by fuzzing: they escaped as nlohmann exceptions).
-  for (const char* bad :
-       {R"({"format": {"unit": "char"}, "version": 1, "class_name": "CharTokenizer", "config": {}})",
-        R"({"format": "dtrain.tokenizer", "version": "1", "class_name": "CharTokenizer"})",
-        R"({"format": "dtrain.tokenizer", "version": 1, "class_name": 7, "config": {}})",
-        R"({"format": "dtrain.tokenizer", "version": 1, "class_name": "CharTokenizer",
+  for (
+      const char* bad :
+      {R"({"format": {"unit": "char"}, "version": 1, "class_name": "CharTokenizer", "config": {}})",
+       R"({"format": "dtrain.tokenizer", "version": "1", "class_name": "CharTokenizer"})",
+       R"({"format": "dtrain.tokenizer", "version": 1, "class_name": 7, "config": {}})",
+       R"({"format": "dtrain.tokenizer", "version": 1, "class_name": "CharTokenizer",
             "config": {"unit": "char", "unknown": "skip", "vocabulary": "abc"}})"}) {
     EXPECT_THROW(tokenizer_from_bytes(bad), DataLossError) << bad;
   }

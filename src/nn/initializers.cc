@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtrain/core/random.h"
+#include "json_text.h"
 
 namespace dtrain::nn {
 namespace {
@@ -322,18 +323,9 @@ std::shared_ptr<Initializer> initializer_from_parsed(const json& j, const std::s
 }  // namespace
 
 std::shared_ptr<Initializer> initializer_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgumentError(str_cat("initializer config: invalid JSON: ", e.what()));
-  }
-  try {
+  return detail::from_json_text(text, "initializer config", [&text](const json& j) {
     return initializer_from_parsed(j, text);
-  } catch (const json::exception& e) {
-    // A field of the wrong JSON type ("class_name": {}, "gain": "x").
-    throw InvalidArgumentError(str_cat("initializer config ", text, ": ", e.what()));
-  }
+  });
 }
 
 std::shared_ptr<Initializer> constant_initializer(float value) {

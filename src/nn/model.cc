@@ -10,6 +10,7 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/transformer.h"
 #include "functional_config.h"
+#include "json_text.h"
 #include "layer_registry.h"
 #include "masking.h"
 
@@ -280,18 +281,7 @@ std::unique_ptr<Model> model_from_parsed(const json& j) {
 }  // namespace
 
 std::unique_ptr<Model> model_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw InvalidArgumentError(str_cat("model_from_json: invalid JSON: ", e.what()));
-  }
-  try {
-    return model_from_parsed(j);
-  } catch (const json::exception& e) {
-    // A field of the wrong JSON type outside any layer's config.
-    throw InvalidArgumentError(str_cat("model_from_json: malformed model config: ", e.what()));
-  }
+  return detail::from_json_text(text, "model_from_json", model_from_parsed);
 }
 
 }  // namespace dtrain::nn

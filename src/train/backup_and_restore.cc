@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/checkpoint_manager.h"
@@ -27,6 +28,20 @@ namespace dtrain::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A callback that carries state across epochs (Callback::state_name), saved under
+// "callbacks/<name>/<i>": `current` is what capture() took; a restore fills `restored`, which
+// apply_callback_states() hands over.
+struct CallbackState {
+  Callback* callback = nullptr;
+  std::vector<Tensor> current;
+  std::vector<Tensor> restored;
+  size_t received = 0;
+};
+
+}  // namespace
+
 // Plain values mirrored into and out of the checkpoint around each save and restore.
 struct BackupAndRestore::State {
   int64_t epoch = 0;
@@ -44,6 +59,7 @@ struct BackupAndRestore::State {
   bool sharded = false;   // every worker writes its shard of each backup
   bool per_host = false;  // every host keeps its own copy (peer_backups.h)
   std::vector<std::pair<std::string, checkpoint::Trackable>> children;  // what ckpt tracks
+  std::vector<CallbackState> callback_states;  // fit()'s callbacks with state
 };
 
 namespace {
@@ -60,6 +76,36 @@ void collect_dropouts(nn::Model& model, std::vector<nn::Dropout*>& out) {
       collect_dropouts(*sub, out);
     }
   }
+}
+
+// The "callbacks" node: one child per callback with state, named by its state_name() (made
+// unique as Keras names layers: "early_stopping", "early_stopping_1"), whose values are its
+// state's tensors "0", "1", ....
+std::optional<checkpoint::Trackable> track_callback_states(
+    const std::vector<std::shared_ptr<Callback>>& callbacks, std::vector<CallbackState>& out) {
+  for (const auto& cb : callbacks) {
+    if (cb && !cb->state_name().empty()) out.push_back(CallbackState{cb.get(), {}, {}, 0});
+  }
+  if (out.empty()) return std::nullopt;
+  std::map<std::string, int> seen;
+  std::vector<std::pair<std::string, checkpoint::Trackable>> nodes;
+  for (auto& cs : out) {
+    cs.current = cs.callback->state();
+    cs.restored.assign(cs.current.size(), Tensor());
+    std::string name = cs.callback->state_name();
+    if (const int n = seen[name]++; n > 0) name = str_cat(name, "_", n);
+    std::vector<std::pair<std::string, checkpoint::Trackable>> values;
+    for (size_t i = 0; i < cs.current.size(); ++i) {
+      values.emplace_back(std::to_string(i),
+                          checkpoint::Trackable::value([&cs, i] { return cs.current.at(i); },
+                                                       [&cs, i](const Tensor& t) {
+                                                         cs.restored.at(i) = t;
+                                                         ++cs.received;
+                                                       }));
+    }
+    nodes.emplace_back(name, checkpoint::Trackable::object(std::move(values)));
+  }
+  return checkpoint::Trackable::object(std::move(nodes));
 }
 
 }  // namespace
@@ -107,6 +153,11 @@ void BackupAndRestore::attach() {
                                     [&st](const Tensor& t) { st.metric_state.copy_from(t); })},
   };
   if (!rngs.empty()) children.emplace_back("dropout_rngs", checkpoint::Trackable::object(rngs));
+  if (ts->loop != nullptr) {
+    if (auto node = track_callback_states(ts->loop->callbacks(), st.callback_states)) {
+      children.emplace_back("callbacks", std::move(*node));
+    }
+  }
   st.children = children;
   st.ckpt = std::make_unique<checkpoint::Checkpoint>(
       std::move(children), checkpoint::CheckpointOptions{.enable_async = options_.enable_async});
@@ -269,6 +320,8 @@ bool BackupAndRestore::rejoin_after_failure() {
   // steps than its newcomers and run collectives they do not.
   steps_since_backup_ = 0;
   resume_loop(ts);
+  // The callbacks' state goes back too: an epoch that ends again is not counted twice.
+  apply_callback_states();
   std::cerr << "BackupAndRestore: generation " << next.generation << " resumes at epoch "
             << state_->epoch + 1 << ", step " << state_->step << "\n";
   // The launcher's progress for this worker goes back to the restored step.
@@ -346,6 +399,35 @@ void BackupAndRestore::capture() {
     ms[2 * i] = total;
     ms[2 * i + 1] = count;
   }
+  for (CallbackState& cs : st.callback_states) {
+    std::vector<Tensor> now = cs.callback->state();
+    DTRAIN_CHECK(now.size() == cs.current.size(), "BackupAndRestore: callback '",
+                 cs.callback->state_name(), "' changed its state from ", cs.current.size(), " to ",
+                 now.size(), " tensors; a state's layout must not depend on its values");
+    cs.current = std::move(now);
+  }
+}
+
+void BackupAndRestore::apply_callback_states() {
+  if (!state_) return;
+  for (CallbackState& cs : state_->callback_states) {
+    if (cs.received == cs.restored.size()) {
+      cs.callback->set_state(cs.restored);
+    } else if (cs.received > 0) {
+      std::cerr << "BackupAndRestore: the checkpoint holds " << cs.received << " of the "
+                << cs.restored.size() << " state tensors of callback '" << cs.callback->state_name()
+                << "'; it starts afresh\n";
+    }
+    // A checkpoint without this callback's state (one written before it was added) leaves it
+    // as on_train_begin set it.
+    cs.received = 0;
+    cs.restored.assign(cs.restored.size(), Tensor());
+  }
+}
+
+void BackupAndRestore::on_train_resumed(int64_t, int64_t, const std::string&) {
+  // After every callback's on_train_begin, which resets their state.
+  apply_callback_states();
 }
 
 void BackupAndRestore::on_preemption(int64_t, int64_t) {
@@ -379,6 +461,11 @@ bool BackupAndRestore::restore_last_good() {
   st.position = position;
   st.data_seed = seed;
   st.has_seed = has_seed;
+  // Like the data position, the callbacks keep their live state (the epochs did happen).
+  for (CallbackState& cs : st.callback_states) {
+    cs.received = 0;
+    cs.restored.assign(cs.restored.size(), Tensor());
+  }
   return restored;
 }
 

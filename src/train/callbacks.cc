@@ -91,6 +91,36 @@ void EarlyStopping::on_epoch_end(int64_t epoch, const Logs& logs) {
   }
 }
 
+std::vector<Tensor> EarlyStopping::state() const {
+  Tensor scalars = Tensor::zeros(Shape{4}, DType::kFloat64);
+  double* v = scalars.data<double>();
+  v[0] = static_cast<double>(wait_);
+  v[1] = best_;
+  v[2] = static_cast<double>(stopped_epoch_);
+  v[3] = best_weights_.empty() ? 0.0 : 1.0;
+  std::vector<Tensor> out{scalars};
+  if (!o_.restore_best_weights || model() == nullptr) return out;
+  const auto vars = model()->weights();
+  for (size_t i = 0; i < vars.size(); ++i) {
+    out.push_back(i < best_weights_.size() ? best_weights_[i] : vars[i]->tensor());
+  }
+  return out;
+}
+
+void EarlyStopping::set_state(const std::vector<Tensor>& state) {
+  DTRAIN_CHECK(
+      !state.empty() && state[0].dtype() == DType::kFloat64 && state[0].shape() == Shape{4},
+      "EarlyStopping::set_state: expected float64 [4] first, as state() gives");
+  const double* v = state[0].data<double>();
+  wait_ = static_cast<int64_t>(v[0]);
+  best_ = v[1];
+  stopped_epoch_ = static_cast<int64_t>(v[2]);
+  best_weights_.clear();
+  if (v[3] != 0.0 && o_.restore_best_weights) {
+    for (size_t i = 1; i < state.size(); ++i) best_weights_.push_back(state[i].clone());
+  }
+}
+
 void EarlyStopping::on_train_end(const Logs&) {
   if (stopped_epoch_ >= 0) {
     std::cerr << "Epoch " << stopped_epoch_ + 1 << ": early stopping\n";

@@ -37,6 +37,8 @@ class FitLoop {
 
   // For the built-in callbacks, while run() runs.
   const FitPosition& position() const { return position_; }
+  // Every callback of this fit(), in the order their hooks run (the user's, then fit's own).
+  const std::vector<std::shared_ptr<Callback>>& callbacks() const { return callbacks_; }
   // From a callback's on_train_begin: start at `at` (the epoch's restored metric states are
   // kept) instead of options.initial_epoch; `from` names the checkpoint for the callbacks'
   // on_train_resumed.

@@ -11,6 +11,7 @@
 //              [--clipnorm C | --global-clipnorm C]
 //              [--logical-replicas L] [--dropout 1] [--rows-log PREFIX]
 //              [--standby-delay-ms M] [--validation 1] [--die-in-validation E] [--die-at-step S]
+//              [--early-stopping P]
 // --overlap-bucket-bytes N (N > 0): multi-worker all-reduce overlapped with backward in buckets
 // of N bytes. --arch cnn: a small Conv2D/MaxPooling2D classifier on 6x6 images. --arch lm: a
 // one-block GPT (nn::GPT: vocabulary 11, context 6, d_model 8, 2 heads) on next-token windows of
@@ -21,6 +22,8 @@
 // worker prints its History's epochs and the last val_loss. --die-in-validation E and
 // --die-at-step S: rank 1 of a launched job's first generation SIGKILLs itself in the middle of
 // epoch E's validation, or as the step after global step S begins (a failure at a chosen point).
+// --early-stopping P: EarlyStopping(loss, min_delta 1e9, patience P), so that only epoch 0
+// improves and training stops after epoch P whatever the losses are.
 // --report-progress 1: under dtrain launch, report steps and heartbeats to the launcher
 // (fault::install_progress_reporter), as the dtrain binary does.
 // As a hot spare (dtrain launch --spares, DTRAIN_SPARE set), it makes its data and model, waits
@@ -198,6 +201,7 @@ struct Backup {
   // itself after the first validation batch of epoch E / as the step after the S-th begins.
   int64_t die_in_validation = -1;
   int64_t die_at_step = -1;
+  int64_t early_stopping = -1;  // --early-stopping P
 };
 
 // Rank 1 of a launched job's first generation, 1 (a restarted worker has a later one).
@@ -376,6 +380,10 @@ int run(const std::string& mode, std::string out, int replicas, int epochs, int6
   if (backup.die_in_validation >= 0 || backup.die_at_step >= 0) {
     callbacks.push_back(std::make_shared<DieAt>(backup.die_in_validation, backup.die_at_step));
   }
+  if (backup.early_stopping >= 0) {
+    callbacks.push_back(std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{
+        .monitor = "loss", .min_delta = 1e9, .patience = backup.early_stopping}));
+  }
   std::optional<train::ValidationData> validation;
   if (backup.validation) validation.emplace(std::pair{x.slice(0, 128), y.slice(0, 128)});
   const train::FitOptions fit_options{.epochs = epochs,
@@ -505,6 +513,8 @@ int main(int argc, char** argv) {
       backup.validation = v == "1";
     else if (k == "--die-in-validation")
       backup.die_in_validation = std::atoll(v.c_str());
+    else if (k == "--early-stopping")
+      backup.early_stopping = std::atoll(v.c_str());
     else if (k == "--die-at-step")
       backup.die_at_step = std::atoll(v.c_str());
     else if (k == "--report-progress")

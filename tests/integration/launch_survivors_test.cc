@@ -76,18 +76,21 @@ std::string tail(const std::string& s) { return s.substr(s.size() > 8000 ? s.siz
 
 // The uninterrupted run of `workers` workers (no backups, no snapshots): rank 0's variables,
 // computed once per world size.
-std::string compute_reference(int workers);
-std::string reference(int workers) {
-  static std::map<int, std::string> done;
-  auto it = done.find(workers);
-  if (it == done.end()) it = done.emplace(workers, compute_reference(workers)).first;
+// `extra`: worker flags that change the result (--early-stopping).
+std::string compute_reference(int workers, const std::vector<std::string>& extra);
+std::string reference(int workers, const std::vector<std::string>& extra = {}) {
+  static std::map<std::pair<int, std::vector<std::string>>, std::string> done;
+  auto it = done.find({workers, extra});
+  if (it == done.end()) {
+    it = done.emplace(std::pair{workers, extra}, compute_reference(workers, extra)).first;
+  }
   return it->second;
 }
 
-std::string compute_reference(int workers) {
+std::string compute_reference(int workers, const std::vector<std::string>& extra) {
   const std::string dir = make_temp_dir();
   Process ref = spawn(launcher(workers, {"--snapshot-every", "0"}, dir + "/ref-events.jsonl",
-                               worker(dir + "/ref.bin", false)),
+                               worker(dir + "/ref.bin", false, extra)),
                       {}, dir + "/ref.log");
   const int code = wait_for(ref, Clock::now() + std::chrono::seconds(150));
   std::string out;
@@ -279,7 +282,7 @@ class LaunchSurvivors : public ::testing::Test {
   // equal to the uninterrupted run (validation changes no weight) with the same last val_loss.
   // Rank 0's History must hold every epoch once, in order: a restart-all would have started a
   // new History at the resumed epoch.
-  void check_one_failure(Process& p, const std::string& ref) {
+  void check_one_failure(Process& p, const std::string& ref, int last_epoch = kEpochs - 1) {
     const int code = wait_for(p, Clock::now() + std::chrono::seconds(180));
     const std::string log = read_file(dir_ + "/job.log");
     ASSERT_EQ(code, 0) << tail(log);
@@ -288,9 +291,9 @@ class LaunchSurvivors : public ::testing::Test {
           << "worker " << r << " differs\n"
           << tail(log);
     }
-    EXPECT_NE(log.find("[rank 0] history: epochs 0 to " + std::to_string(kEpochs - 1) +
-                       ", each once in order"),
-              std::string::npos)
+    EXPECT_NE(
+        log.find(str_cat("[rank 0] history: epochs 0 to ", last_epoch, ", each once in order")),
+        std::string::npos)
         << tail(log);
     const auto val_loss = [&](int rank) {
       const std::string key = "[rank " + std::to_string(rank) + "] val_loss ";
@@ -355,6 +358,21 @@ TEST_F(LaunchSurvivors, ARollbackOverAnEpochsEndKeepsOneHistoryEntryPerEpoch) {
   ASSERT_FALSE(ref.empty());
   Process p = start(2, "survivors", {"--validation", "1", "--die-at-step", "373"});
   check_one_failure(p, ref);
+}
+
+// (e) The same failure with EarlyStopping (patience 32, only epoch 0 improving): the survivor's
+// wait count goes back with the snapshot, so epoch 30's end counts once, and the restarted rank
+// receives it with the rest of the state; both stop after epoch 32 as the uninterrupted run does.
+// (Without the callback's state in the snapshot the survivor stops an epoch early and the
+// restarted worker, waiting afresh, trains on alone.)
+TEST_F(LaunchSurvivors, EarlyStoppingCountsARolledBackEpochOnce) {
+  const std::vector<std::string> stop = {"--early-stopping", "32"};
+  const std::string ref = reference(2, stop);
+  ASSERT_FALSE(ref.empty());
+  std::vector<std::string> flags = {"--validation", "1", "--die-at-step", "373"};
+  flags.insert(flags.end(), stop.begin(), stop.end());
+  Process p = start(2, "survivors", flags);
+  check_one_failure(p, ref, 32);
 }
 
 // (b) Three workers, two killed at the same moment, several times: the one left keeps running.

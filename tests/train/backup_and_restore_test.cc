@@ -140,6 +140,91 @@ TEST_F(BackupAndRestoreTest, RepeatedCrashesStillConverge) {
   for (size_t i = 0; i < reference.size(); ++i) EXPECT_TRUE(resumed[i].equals(reference[i]));
 }
 
+struct Stopped {
+  int64_t stopped_epoch = -1;
+  size_t epochs = 0;
+  std::vector<Tensor> weights;
+};
+
+// Trains with EarlyStopping(loss, min_delta 1e9, patience 3, restore_best_weights): only epoch 0
+// counts as an improvement, so training stops after epoch 3 with epoch 0's weights put back.
+// EarlyStopping comes after BackupAndRestore, so its on_train_begin runs after the restore.
+std::optional<Stopped> train_with_early_stopping(const Data& d, const std::string& dir,
+                                                 int64_t crash_at_step) {
+  set_random_seed(77);
+  nn::clear_session();
+  nn::Sequential model(
+      {nn::Dense(8, {.activation = "relu", .input_shape = Shape{6}}), nn::Dense(3)});
+  model.compile(
+      {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
+       .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
+  auto stop = std::make_shared<EarlyStopping>(EarlyStoppingOptions{
+      .monitor = "loss", .min_delta = 1e9, .patience = 3, .restore_best_weights = true});
+  int64_t steps = 0;
+  auto crasher = std::make_shared<LambdaCallback>(
+      LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
+        if (++steps == crash_at_step) throw Interrupted();
+      }});
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  if (!dir.empty()) {
+    callbacks.push_back(
+        std::make_shared<BackupAndRestore>(dir, BackupAndRestoreOptions{.save_freq = 3}));
+  }
+  callbacks.push_back(stop);
+  callbacks.push_back(crasher);
+  Stopped out;
+  try {
+    out.epochs =
+        model.fit(d.x, d.y, {.epochs = 10, .batch_size = 16, .verbose = 0, .callbacks = callbacks})
+            .epochs()
+            .size();
+  } catch (const Interrupted&) {
+    return std::nullopt;
+  }
+  out.stopped_epoch = stop->stopped_epoch();
+  for (Variable* v : model.weights()) out.weights.push_back(v->tensor().clone());
+  return out;
+}
+
+// EarlyStopping's wait count, best value and best weights are part of every backup: a run
+// interrupted after epochs without improvement stops at the same epoch as an uninterrupted one,
+// with the same weights put back (a fresh EarlyStopping would wait three more epochs and keep
+// the last ones).
+TEST_F(BackupAndRestoreTest, EarlyStoppingResumesItsPatienceAndBestWeights) {
+  const Data d = make_data(64);  // 4 steps per epoch
+  const auto reference = train_with_early_stopping(d, "", -1);
+  ASSERT_TRUE(reference.has_value());
+  ASSERT_EQ(reference->stopped_epoch, 3);
+  // Crash in epoch 2 (step 10); the newest backup is after step 9, with epoch 1's wait of 1.
+  EXPECT_FALSE(train_with_early_stopping(d, dir_, 10).has_value());
+  testing::internal::CaptureStderr();
+  const auto resumed = train_with_early_stopping(d, dir_, -1);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_NE(err.find("resumed from"), std::string::npos) << err;
+  EXPECT_EQ(resumed->stopped_epoch, reference->stopped_epoch);
+  EXPECT_EQ(resumed->epochs, 2u) << "epochs 2 and 3 ran after the resume";
+  ASSERT_EQ(resumed->weights.size(), reference->weights.size());
+  for (size_t i = 0; i < reference->weights.size(); ++i) {
+    EXPECT_TRUE(resumed->weights[i].equals(reference->weights[i])) << "weight " << i;
+  }
+}
+
+TEST(EarlyStoppingState, RoundTripsThroughSetState) {
+  EarlyStopping a(EarlyStoppingOptions{.monitor = "loss", .patience = 5});
+  a.on_train_begin({});
+  a.on_epoch_end(0, {{"loss", 2.0}});
+  a.on_epoch_end(1, {{"loss", 3.0}});
+  EXPECT_EQ(a.wait(), 1);
+  EarlyStopping b(EarlyStoppingOptions{.monitor = "loss", .patience = 5});
+  b.on_train_begin({});
+  b.set_state(a.state());
+  EXPECT_EQ(b.wait(), 1);
+  b.on_epoch_end(2, {{"loss", 1.9}});  // improves on the restored best (2.0)
+  EXPECT_EQ(b.wait(), 0);
+  EXPECT_THROW(b.set_state({Tensor::zeros(Shape{3}, DType::kFloat64)}), InvalidArgumentError);
+}
+
 }  // namespace
 }  // namespace dtrain::train
 

@@ -56,6 +56,8 @@ class BackupAndRestore : public Callback {
   void on_train_batch_end(int64_t batch, const Logs& logs) override;
   void on_epoch_end(int64_t epoch, const Logs& logs) override;
   void on_train_end(const Logs& logs) override;
+  // Hands the restored state of fit()'s other callbacks (Callback::state) back to them.
+  void on_train_resumed(int64_t epoch, int64_t step_in_epoch, const std::string& from) override;
   // Backs up and waits for the commit (preemption: the process exits next).
   void on_preemption(int64_t epoch, int64_t step_in_epoch) override;
   // Restores the model and optimizer (not the data position) from the newest backup.
@@ -86,6 +88,8 @@ class BackupAndRestore : public Callback {
   // After a restore into the tracked values: sets the Dropout RNGs and metric sums and hands the
   // loop the restored position.
   void resume_loop(TrainingState& ts);
+  // Gives the callbacks whose state a restore read their state (Callback::set_state).
+  void apply_callback_states();
 
   std::string dir_;
   BackupAndRestoreOptions options_;

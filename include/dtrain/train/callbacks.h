@@ -49,6 +49,18 @@ class Callback {
   // good state if you can. Returns whether it did (BackupAndRestore does).
   virtual bool restore_last_good() { return false; }
 
+  // State across epochs that training needs to continue as if it had never stopped
+  // (EarlyStopping's wait count and best value). BackupAndRestore saves it with every backup and
+  // in-memory snapshot, under "callbacks/<state_name()>" (a second callback of the same name gets
+  // "_1", and so on), and hands it back through set_state() when fit() resumes — after every
+  // on_train_begin — and when the survivors of a failure roll back to a snapshot (so an epoch
+  // that ends again is not counted twice). The tensors' number, dtypes and shapes must not
+  // depend on the values (a restore checks them against state()'s). An empty name: no state.
+  // (A dtrain addition to Keras's callbacks, which restart such counts after a restore.)
+  virtual std::string state_name() const { return {}; }
+  virtual std::vector<Tensor> state() const { return {}; }
+  virtual void set_state(const std::vector<Tensor>& /*state*/) {}
+
  private:
   nn::Model* model_ = nullptr;
 };
@@ -111,6 +123,14 @@ class EarlyStopping : public Callback {
   void on_train_end(const Logs& logs) override;
   // The epoch at which training was stopped (0-based), or -1.
   int64_t stopped_epoch() const { return stopped_epoch_; }
+  // Epochs without improvement so far.
+  int64_t wait() const { return wait_; }
+  // "early_stopping": float64 [4] = {wait, best, stopped epoch, whether best weights are held},
+  // then, with restore_best_weights, one tensor per model weight (the best epoch's values, or
+  // the current ones while none are held).
+  std::string state_name() const override { return "early_stopping"; }
+  std::vector<Tensor> state() const override;
+  void set_state(const std::vector<Tensor>& state) override;
 
  private:
   bool improved(double current, double reference) const;

@@ -24,6 +24,9 @@ namespace dtrain::fault {
 namespace {
 
 constexpr milliseconds kReadyCheckPeriod(250);
+// A stopped spare is fenced at its second sighting, 250–500 ms after the stop: one sighting
+// could be a debugger's or strace's momentary stop.
+constexpr milliseconds kStopCheckPeriod(250);
 constexpr int kMaxDeadBeforeReady = 3;
 
 FaultEvent spare_event(const char* kind, int64_t generation, int id, pid_t pid) {
@@ -70,8 +73,8 @@ std::string Spares::prefix() const {
 }
 
 int Spares::ready() const {
-  return static_cast<int>(
-      std::count_if(standby_.begin(), standby_.end(), [](const Spare& s) { return s.ready; }));
+  return static_cast<int>(std::count_if(standby_.begin(), standby_.end(),
+                                        [](const Spare& s) { return s.ready && !s.fenced; }));
 }
 
 void Spares::tend(int64_t generation) {
@@ -100,6 +103,7 @@ void Spares::tend(int64_t generation) {
     }
   }
   if (server_) read_fork_server(generation);
+  if (Clock::now() >= next_stop_check_) fence_stopped(generation);
   reap(generation);
   const bool unready =
       std::any_of(standby_.begin(), standby_.end(), [](const Spare& s) { return !s.ready; });
@@ -317,7 +321,9 @@ void Spares::reap(int64_t generation) {
     e.exit_code = exit_code_of(status);
     if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
     e.extra["ready"] = it->ready ? "true" : "false";
-    e.message = str_cat("spare ", it->id, " (pid ", it->process.pid, ") ", describe_exit(status),
+    if (it->fenced) e.extra["fenced"] = "true";
+    e.message = str_cat("spare ", it->id, " (pid ", it->process.pid, ") ",
+                        it->fenced ? "was stopped and is fenced (killed)" : describe_exit(status),
                         it->ready ? " while standing by" : " before it stood by",
                         gave_up_ ? "" : "; starting another (not a worker failure)");
     say(e.message);
@@ -329,6 +335,29 @@ void Spares::reap(int64_t generation) {
       say("spares: ", kMaxDeadBeforeReady, " spares in a row died before they stood by; not ",
           "starting more (failed workers are restarted instead)");
     }
+  }
+}
+
+void Spares::fence_stopped(int64_t generation) {
+  next_stop_check_ = Clock::now() + kStopCheckPeriod;
+  if (server_ && !server_->exited) {
+    const bool stopped = process_stopped(server_->process.pid);
+    if (stopped && server_seen_stopped_) {
+      server_seen_stopped_ = false;
+      stop_fork_server(generation, "it was stopped (SIGSTOP?); killed", "lost");
+    } else {
+      server_seen_stopped_ = stopped;
+    }
+  }
+  for (Spare& s : standby_) {
+    if (s.fenced) continue;
+    const bool stopped = process_stopped(s.process.pid);
+    if (stopped && s.seen_stopped) {
+      // SIGKILL ends a stopped process too; reap() records it and starts another.
+      ::kill(-s.process.pid, SIGKILL);
+      s.fenced = true;
+    }
+    s.seen_stopped = stopped;
   }
 }
 
@@ -358,11 +387,15 @@ std::optional<Spares::Taken> Spares::take(int rank, int64_t generation,
                                           const std::vector<std::string>& unset,
                                           const std::vector<std::string>& set) {
   reap(generation);
-  if (std::none_of(standby_.begin(), standby_.end(), [](const Spare& s) { return s.ready; })) {
+  // Neither a fenced spare nor one stopped right now (it would hold the generation up until its
+  // heartbeats time out).
+  const auto usable = [](const Spare& s) {
+    return s.ready && !s.fenced && !process_stopped(s.process.pid);
+  };
+  if (std::none_of(standby_.begin(), standby_.end(), usable)) {
     refresh_ready(generation);  // one may have become ready since the last look
   }
-  const auto it =
-      std::find_if(standby_.begin(), standby_.end(), [](const Spare& s) { return s.ready; });
+  const auto it = std::find_if(standby_.begin(), standby_.end(), usable);
   if (it == standby_.end()) return std::nullopt;
   const nlohmann::json j = {
       {"rank", rank}, {"generation", generation}, {"unset", unset}, {"set", set}};

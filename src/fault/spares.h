@@ -6,13 +6,15 @@
 // restarted worker of that rank would get). take() hands a ready spare to a failed rank in
 // place of a new process; tend() forwards the standby spares' output ("[spare N] "), replaces a
 // spare that died while standing by (a spare_lost event; never a worker failure) and tops the
-// set up to K in the background. With `fork_server` (--spare-start fork) the spares are not started
-// with exec: one more copy of the command, the fork server (train/standby.h), loads the data and
-// builds the model once and forks each spare on request, which then costs milliseconds of CPU
-// instead of a process start, a data load and a model build taken from the training workers; the
-// launcher becomes a child subreaper so that the forked spares are its children. When the server
-// refuses (it has threads), fails or dies, spares are started with exec from then on. Private
-// to src/fault. Single-threaded (the launcher's loop).
+// set up to K in the background. A spare found stopped (SIGSTOP, a frozen VM's process) in two
+// checks in a row is fenced: killed, so that it can never take a rank and resume, and replaced
+// like a dead one; a stopped spare is never handed a rank. With `fork_server` (--spare-start fork)
+// the spares are not started with exec: one more copy of the command, the fork server
+// (train/standby.h), loads the data and builds the model once and forks each spare on request,
+// which then costs milliseconds of CPU instead of a process start, a data load and a model build
+// taken from the training workers; the launcher becomes a child subreaper so that the forked spares
+// are its children. When the server refuses (it has threads), fails or dies, spares are started
+// with exec from then on. Private to src/fault. Single-threaded (the launcher's loop).
 #pragma once
 
 #include <sys/types.h>
@@ -79,6 +81,8 @@ class Spares {
     std::string prefix;
     bool ready = false;
     Clock::time_point started{};
+    bool seen_stopped = false;  // stopped at the last check
+    bool fenced = false;        // killed for being stopped; reap() replaces it
   };
   std::string key(int id) const;
   std::string prefix() const;  // dtrain/<run>/launch/spares/n<node>/
@@ -86,6 +90,8 @@ class Spares {
   void reap(int64_t generation);
   // Marks the spares whose ready key exists (one call to the service).
   void refresh_ready(int64_t generation);
+  // Kills the spares (and the fork server) found stopped in this check and the last one.
+  void fence_stopped(int64_t generation);
   // The fork server: started (false when it cannot be), a request for one spare, its answers,
   // and its end (spares are started with exec after it).
   bool start_fork_server(int64_t generation);
@@ -110,6 +116,8 @@ class Spares {
   int died_unready_ = 0;  // spares in a row that died before they stood by
   bool gave_up_ = false;
   Clock::time_point next_ready_check_{};
+  Clock::time_point next_stop_check_{};
+  bool server_seen_stopped_ = false;
   std::optional<ForkServer> server_;
   bool fork_failed_ = false;  // spares are started with exec
 };

@@ -444,6 +444,41 @@ TEST_F(LaunchSpares, TwoAtOnceAndALostSpare) {
   }
 }
 
+// A standby spare stopped with SIGSTOP is fenced — killed, so that it can never take a rank and
+// resume — and replaced in the background, with no worker failure; the next failure goes to the
+// replacement and the job ends bitwise.
+TEST_F(LaunchSpares, AStoppedSpareIsFencedAndReplaced) {
+  const std::string& ref = reference(2);
+  ASSERT_FALSE(ref.empty()) << "no reference result";
+  Process p = start(2, 1);
+  ASSERT_TRUE(wait_for_state(p, 2, 2, 1)) << log_tail(read_file(dir_ + "/job.log"));
+  const pid_t spare = standby().begin()->first;
+  const double stopped_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ASSERT_EQ(kill(spare, SIGSTOP), 0);
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < deadline &&
+         (of_kind(all_events(), "spare_lost").empty() || ready_spares() < 1)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const auto lost = of_kind(all_events(), "spare_lost");
+  ASSERT_EQ(lost.size(), 1u) << "the stopped spare was not fenced\n"
+                             << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_EQ(lost[0].value("pid", -1), spare) << lost[0].dump();
+  EXPECT_EQ(lost[0].value("fenced", ""), "true") << lost[0].dump();
+  std::printf("stopped spare fenced %.2f s after the stop\n",
+              lost[0].value("time", 0.0) - stopped_at);
+  EXPECT_NE(kill(spare, 0), 0) << "the stopped spare " << spare << " still exists";
+  ASSERT_EQ(ready_spares(), 1) << log_tail(read_file(dir_ + "/job.log"));
+  EXPECT_TRUE(of_kind(all_events(), "failure").empty()) << "a spare's stop failed the job";
+
+  std::mt19937 rng(31);
+  const int kills = kill_rounds(p, 2, 1, 1, 1, rng, 50, 250);
+  ASSERT_EQ(kills, 1) << log_tail(read_file(dir_ + "/job.log"));
+  check_bitwise(p, 2, ref, kills);
+  check_taken_over(kills, 1);
+}
+
 // No spare ready (the spare's start-up takes ten minutes): the killed rank is restarted as
 // without spares, and the job still ends bitwise.
 TEST_F(LaunchSpares, NoSpareReadyFallsBackToARestart) {

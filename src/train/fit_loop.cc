@@ -259,7 +259,14 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
       const auto [p, q] = computed_position(epoch + 1, 0);
       position_.data_position = data::IteratorState{p, q};
     }
-    for (const auto& cb : callbacks_) cb->on_epoch_end(epoch, logs_);
+    // Backups last, so that an epoch-end backup holds the other callbacks' state after this
+    // epoch (EarlyStopping's count), wherever the user listed BackupAndRestore.
+    for (const auto& cb : callbacks_) {
+      if (dynamic_cast<BackupAndRestore*>(cb.get()) == nullptr) cb->on_epoch_end(epoch, logs_);
+    }
+    for (const auto& cb : callbacks_) {
+      if (dynamic_cast<BackupAndRestore*>(cb.get()) != nullptr) cb->on_epoch_end(epoch, logs_);
+    }
   } catch (const Error&) {
     return resume_after_failure(next_epoch, next_step);
   }

@@ -150,7 +150,7 @@ struct Stopped {
 // counts as an improvement, so training stops after epoch 3 with epoch 0's weights put back.
 // EarlyStopping comes after BackupAndRestore, so its on_train_begin runs after the restore.
 std::optional<Stopped> train_with_early_stopping(const Data& d, const std::string& dir,
-                                                 int64_t crash_at_step) {
+                                                 int64_t crash_at_step, int64_t save_freq = 3) {
   set_random_seed(77);
   nn::clear_session();
   nn::Sequential model(
@@ -168,7 +168,7 @@ std::optional<Stopped> train_with_early_stopping(const Data& d, const std::strin
   std::vector<std::shared_ptr<Callback>> callbacks;
   if (!dir.empty()) {
     callbacks.push_back(
-        std::make_shared<BackupAndRestore>(dir, BackupAndRestoreOptions{.save_freq = 3}));
+        std::make_shared<BackupAndRestore>(dir, BackupAndRestoreOptions{.save_freq = save_freq}));
   }
   callbacks.push_back(stop);
   callbacks.push_back(crasher);
@@ -204,6 +204,23 @@ TEST_F(BackupAndRestoreTest, EarlyStoppingResumesItsPatienceAndBestWeights) {
   EXPECT_NE(err.find("resumed from"), std::string::npos) << err;
   EXPECT_EQ(resumed->stopped_epoch, reference->stopped_epoch);
   EXPECT_EQ(resumed->epochs, 2u) << "epochs 2 and 3 ran after the resume";
+  ASSERT_EQ(resumed->weights.size(), reference->weights.size());
+  for (size_t i = 0; i < reference->weights.size(); ++i) {
+    EXPECT_TRUE(resumed->weights[i].equals(reference->weights[i])) << "weight " << i;
+  }
+}
+
+// With backups at each epoch's end the same holds, although BackupAndRestore is listed before
+// EarlyStopping: fit runs the backups' on_epoch_end after the other callbacks', so the backup
+// of epoch 1 holds epoch 1's count.
+TEST_F(BackupAndRestoreTest, EpochEndBackupsHoldTheEpochsEarlyStoppingState) {
+  const Data d = make_data(64);  // 4 steps per epoch
+  const auto reference = train_with_early_stopping(d, "", -1);
+  ASSERT_TRUE(reference.has_value());
+  EXPECT_FALSE(train_with_early_stopping(d, dir_, 10, 0).has_value());  // after epoch 1's backup
+  const auto resumed = train_with_early_stopping(d, dir_, -1, 0);
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(resumed->stopped_epoch, reference->stopped_epoch);
   ASSERT_EQ(resumed->weights.size(), reference->weights.size());
   for (size_t i = 0; i < reference->weights.size(); ++i) {
     EXPECT_TRUE(resumed->weights[i].equals(reference->weights[i])) << "weight " << i;

@@ -167,8 +167,7 @@ void BackupAndRestore::attach() {
   // into its own directory (that host's disk), so no host depends on another's filesystem.
   st.writer = ts->strategy == nullptr || ts->strategy->is_chief();
   st.sharded = options_.sharded && ts->strategy != nullptr && ts->strategy->num_workers() > 1;
-  st.per_host = backups_per_host(ts->strategy, st.sharded);
-  if (st.sharded) st.ckpt->set_sharding(sharded_save_options(*ts->strategy, m));
+  st.per_host = backups_per_host(ts->strategy);
   const auto make_manager = [&] {
     return std::make_unique<checkpoint::CheckpointManager>(
         *st.ckpt, dir_,
@@ -176,23 +175,37 @@ void BackupAndRestore::attach() {
                                              .checkpoint_name = "backup"});
   };
   if (st.writer) st.manager = make_manager();
-  if (st.sharded && st.writer && backups_per_host(ts->strategy, false)) {
-    std::cerr << "BackupAndRestore: sharded backups are written across the hosts (each worker "
-              << "its shard, the chief the index): they restore only from a directory every "
-              << "worker sees; with a directory per host, use replicated backups\n";
+  if (!st.per_host) {
+    if (st.sharded) st.ckpt->set_sharding(sharded_save_options(*ts->strategy, m));
+    return;
   }
-  if (!st.per_host) return;
   // The chief holds its directory's lock before any host writer tries: a host whose directory
   // is the chief's (a shared filesystem after all) finds it taken and only reads it.
   ts->strategy->barrier();
-  if (st.writer || !writes_host_copy()) return;
-  try {
-    st.manager = make_manager();
-    st.writer = true;
-  } catch (const FailedPreconditionError& e) {
-    std::cerr << "BackupAndRestore: " << dir_ << " has a writer already (a directory shared "
-              << "with another host?), so this host only reads it: " << e.what() << "\n";
+  bool locked_out = false;
+  if (!st.writer && writes_host_copy()) {
+    try {
+      st.manager = make_manager();
+      st.writer = true;
+    } catch (const FailedPreconditionError& e) {
+      locked_out = true;
+      std::cerr << "BackupAndRestore: " << dir_ << " has a writer already (a directory shared "
+                << "with another host?), so this host only reads it: " << e.what() << "\n";
+    }
   }
+  if (!st.sharded) return;
+  // Sharded: every host's workers write a whole sharded backup into their host's directory.
+  if (auto host = host_sharding(*ts->strategy, m, locked_out)) {
+    st.ckpt->set_sharding(std::move(*host));
+    return;
+  }
+  // A directory shared between hosts: one sharded backup for the whole job, in it.
+  if (!ts->strategy->is_chief()) {
+    st.manager.reset();
+    st.writer = false;
+  }
+  st.per_host = false;
+  st.ckpt->set_sharding(sharded_save_options(*ts->strategy, m));
 }
 
 namespace {

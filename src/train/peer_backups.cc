@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -70,13 +71,51 @@ std::string backup_restore_key(int64_t generation, int rank) {
   return str_cat("backup_restore/", generation, "/", rank);
 }
 
-bool backups_per_host(const distribute::Strategy* strategy, bool sharded) {
-  if (strategy == nullptr || strategy->num_workers() < 2 || sharded) return false;
+bool backups_per_host(const distribute::Strategy* strategy) {
+  if (strategy == nullptr || strategy->num_workers() < 2) return false;
   if (!distribute::LauncherEnv::present()) return false;
   return distribute::LauncherEnv::from_environment().nnodes > 1;
 }
 
 bool writes_host_copy() { return distribute::LauncherEnv::from_environment().local_rank == 0; }
+
+std::optional<checkpoint::ShardedSaveOptions> host_sharding(distribute::Strategy& strategy,
+                                                            nn::Model& model, bool locked_out) {
+  const distribute::LauncherEnv env = distribute::LauncherEnv::from_environment();
+  const json mine = {
+      {"node", env.node_rank}, {"local_rank", env.local_rank}, {"locked_out", locked_out}};
+  const std::vector<std::string> all = all_gather_bytes(strategy, mine.dump());
+  // This host's workers by local rank: (local rank, global rank).
+  std::vector<std::pair<int, int>> host;
+  bool shared = false;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const json j = json::parse(all[r], nullptr, false);
+    if (j.is_discarded() || !j.contains("node") || !j.contains("local_rank")) {
+      throw DataLossError(
+          str_cat("BackupAndRestore: worker ", r, " sent a malformed host entry '", all[r], "'"));
+    }
+    shared |= j.value("locked_out", false);
+    if (j["node"].get<int>() == env.node_rank) {
+      host.emplace_back(j["local_rank"].get<int>(), static_cast<int>(r));
+    }
+  }
+  if (shared) return std::nullopt;
+  std::sort(host.begin(), host.end());
+  checkpoint::ShardedSaveOptions options = sharded_save_options(strategy, model);
+  std::vector<int> members;
+  for (const auto& [local, global] : host) {
+    if (global == strategy.worker_rank()) options.rank = static_cast<int>(members.size());
+    members.push_back(global);
+  }
+  options.num_shards = static_cast<int>(members.size());
+  options.all_gather = [&strategy, members](const std::string& value) {
+    const std::vector<std::string> everyone = all_gather_bytes(strategy, value);
+    std::vector<std::string> out;
+    for (int r : members) out.push_back(everyone.at(static_cast<size_t>(r)));
+    return out;
+  };
+  return options;
+}
 
 std::optional<std::string> agree_on_host_backups(distribute::Strategy& strategy,
                                                  checkpoint::Checkpoint& ckpt,

@@ -15,6 +15,10 @@
 
 namespace dtrain::checkpoint {
 class Checkpoint;
+struct ShardedSaveOptions;
+}  // namespace dtrain::checkpoint
+namespace dtrain::nn {
+class Model;
 }
 namespace dtrain::distribute {
 class Strategy;
@@ -27,11 +31,22 @@ namespace dtrain::train {
 // "step", "bytes"} under backup_restore/<generation>/<rank> on the coordination service.
 std::string backup_restore_key(int64_t generation, int rank);
 
-// Whether backups are kept per host: under `dtrain launch` with several nodes, a strategy with
-// several workers, and replicated (not sharded) backups. The same answer on every worker.
-bool backups_per_host(const distribute::Strategy* strategy, bool sharded);
+// Whether backups are kept per host: under `dtrain launch` with several nodes and a strategy
+// with several workers. The same answer on every worker.
+bool backups_per_host(const distribute::Strategy* strategy);
 // Whether this worker writes its host's copy: the first worker of its node (local rank 0).
 bool writes_host_copy();
+
+// Sharded backups kept per host: the save options that shard each backup over this host's own
+// workers (its host writer, local rank 0, first: it merges the index and commits), so that every
+// host's directory holds a whole sharded checkpoint written by its workers in parallel (every
+// worker holds the whole state when a backup is taken). The three all-gathers of a save stay the
+// job's; each host reads its own workers' part. `locked_out`: this worker is its host's writer
+// and found its directory locked by another host's. Every worker calls this at the same point
+// (one all-gather). nullopt when some host writer was locked out (a directory shared between
+// hosts): then one sharded checkpoint for the whole job is written there instead.
+std::optional<checkpoint::ShardedSaveOptions> host_sharding(distribute::Strategy& strategy,
+                                                            nn::Model& model, bool locked_out);
 
 // Every worker calls this at the same point of fit(), after restoring the newest valid backup of
 // its host's directory `dir` into `ckpt` (`local`: that prefix, or nullopt when there was none).

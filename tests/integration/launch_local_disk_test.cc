@@ -83,7 +83,7 @@ struct Cluster {
                                   "--node-rank",
                                   std::to_string(i),
                                   "--nproc-per-node",
-                                  "1",
+                                  std::to_string(nproc_),
                                   "--rdzv",
                                   rdzv,
                                   "--rdzv-timeout",
@@ -110,9 +110,9 @@ struct Cluster {
                                   "--train-labels",
                                   (h.root / "data/y.idx").string(),
                                   "--epochs",
-                                  std::to_string(kEpochs),
+                                  std::to_string(epochs_),
                                   "--batch-size",
-                                  "16",
+                                  std::to_string(batch_),
                                   "--seed",
                                   "1",
                                   "--verbose",
@@ -122,6 +122,7 @@ struct Cluster {
     if (backups) {
       a.insert(a.end(), {"--checkpoint-dir", h.ckpt().string(), "--checkpoint-every",
                          std::to_string(kBackupEvery), "--resume"});
+      if (sharded_) a.push_back("--sharded-checkpoints");
     }
     if (net_) {
       std::vector<std::string> on = net_->exec_on(i);
@@ -236,6 +237,10 @@ struct Cluster {
 
   std::string dir_;
   NetnsCluster* net_ = nullptr;
+  int nproc_ = 1;  // workers per host
+  int epochs_ = kEpochs;
+  int batch_ = 16;        // the global batch
+  bool sharded_ = false;  // --sharded-checkpoints
   std::vector<Host> hosts_;
   std::vector<Process> launchers_;
 };
@@ -243,25 +248,31 @@ struct Cluster {
 class LaunchLocalDisk : public ::testing::Test {
  protected:
   // The uninterrupted reference, once for the suite: the same three hosts, no backups.
-  static void SetUpTestSuite() {
-    *ref_dir_ = make_temp_dir();
+  static void SetUpTestSuite() { compute_reference(*ref_dir_, nullptr); }
+  static void TearDownTestSuite() { fs::remove_all(*ref_dir_); }
+  // The suite's reference run, configured by `configure`; its model goes to <ref_dir>/ref.keras.
+  static void compute_reference(std::string& ref_dir, void (*configure)(Cluster&)) {
+    ref_dir = make_temp_dir();
     {
-      Cluster ref(*ref_dir_ + "/run");
+      Cluster ref(ref_dir + "/run");
+      if (configure) configure(ref);
       ref.start_all(testutil::free_port(), /*backups=*/false);
       const std::vector<int> codes = ref.finish_all();
       if (codes == std::vector<int>(kHosts, 0)) {
-        fs::copy_file(ref.model(), *ref_dir_ + "/ref.keras");
+        fs::copy_file(ref.model(), ref_dir + "/ref.keras");
       } else {
         std::fprintf(stderr, "reference run failed:\n%s\n", ref.all_logs().c_str());
       }
     }
-    fs::remove_all(*ref_dir_ + "/run");
+    fs::remove_all(ref_dir + "/run");
   }
-  static void TearDownTestSuite() { fs::remove_all(*ref_dir_); }
+  virtual const std::string& reference_dir() const { return *ref_dir_; }
+  virtual void configure(Cluster&) const {}
   void SetUp() override {
-    ASSERT_TRUE(fs::exists(*ref_dir_ + "/ref.keras")) << "no reference result";
+    ASSERT_TRUE(fs::exists(reference_dir() + "/ref.keras")) << "no reference result";
     dir_ = make_temp_dir();
     c_ = std::make_unique<Cluster>(dir_);
+    configure(*c_);
   }
   void TearDown() override {
     c_.reset();
@@ -271,7 +282,7 @@ class LaunchLocalDisk : public ::testing::Test {
   void finish_and_compare() {
     const std::vector<int> codes = c_->finish_all();
     ASSERT_EQ(codes, std::vector<int>(kHosts, 0)) << c_->all_logs();
-    const ck::KerasV3Contents want = ck::read_keras_v3(*ref_dir_ + "/ref.keras");
+    const ck::KerasV3Contents want = ck::read_keras_v3(reference_dir() + "/ref.keras");
     const ck::KerasV3Contents got = ck::read_keras_v3(c_->model().string());
     EXPECT_GT(expect_same_keras(got, want, "after the host failure"), 4);
     c_->expect_private_directories();
@@ -380,6 +391,57 @@ TEST_F(LaunchLocalDisk, OnANamespaceClusterAKilledHostRecoversFromAPeersDisk) {
     EXPECT_EQ(restores.at(1)["resumed_step"], restores.at(2)["resumed_step"]);
   }
   c_.reset();  // before the namespaces go
+}
+
+// Sharded backups without a shared filesystem: three hosts of two workers each, with
+// --sharded-checkpoints. Every host's two workers write a whole sharded backup (two data shards
+// and the index) into their own host's directory; after a cold restart with host 1's disk gone,
+// the job resumes from the newest backup any host holds — host 1's ranks fetch its files from a
+// peer's disk — and ends with the bits of an uninterrupted run.
+class LaunchLocalDiskSharded : public LaunchLocalDisk {
+ protected:
+  static void sharded(Cluster& c) {
+    c.nproc_ = 2;
+    c.epochs_ = 30;  // 16 steps an epoch: 480 steps
+    c.batch_ = 24;
+    c.sharded_ = true;
+  }
+  static void SetUpTestSuite() { compute_reference(*sharded_ref_dir_, &sharded); }
+  static void TearDownTestSuite() { fs::remove_all(*sharded_ref_dir_); }
+  const std::string& reference_dir() const override { return *sharded_ref_dir_; }
+  void configure(Cluster& c) const override { sharded(c); }
+  static inline std::string* sharded_ref_dir_ = new std::string;
+};
+
+TEST_F(LaunchLocalDiskSharded, EveryHostKeepsAWholeShardedBackupAndAColdRestartResumesBitwise) {
+  c_->start_all(testutil::free_port());
+  ASSERT_TRUE(c_->wait_for_backups(3)) << c_->all_logs();
+  for (int i = 0; i < kHosts; ++i) {
+    const int n = c_->newest_backup(i);
+    for (const char* shard : {".data-00000-of-00002", ".data-00001-of-00002", ".index"}) {
+      const fs::path f = c_->hosts_[i].ckpt() / ("backup-" + std::to_string(n) + shard);
+      EXPECT_TRUE(fs::exists(f)) << f << " is missing on host " << i;
+    }
+  }
+  for (int i : {1, 0, 2}) c_->kill_host(i);
+  int newest = -1;
+  for (int i : {0, 2}) newest = std::max(newest, c_->newest_backup(i));
+  c_->wipe_host(1);
+  c_->start_all(testutil::free_port());
+  finish_and_compare();
+  ASSERT_FALSE(HasFailure());
+
+  const auto restores = c_->backup_restores(1);
+  ASSERT_EQ(restores.size(), 6u) << c_->all_logs();
+  const int64_t step = restores.at(0)["resumed_step"].get<int64_t>();
+  EXPECT_EQ(step, static_cast<int64_t>(newest) * kBackupEvery) << "not the newest backup";
+  for (const auto& [rank, e] : restores) {
+    std::printf("%s\n", e.value("message", "").c_str());
+    EXPECT_EQ(e["resumed_step"].get<int64_t>(), step) << e.dump();
+    if (e["node"] == 1) {
+      EXPECT_EQ(e["source"], "peer_disk") << e.dump();
+    }
+  }
 }
 
 }  // namespace

@@ -80,6 +80,24 @@ void FitLoop::begin_training() {
   if (!logdir.empty()) callbacks_.push_back(std::make_shared<TensorBoard>(logdir));
   callbacks_.push_back(history_);
   for (const auto& cb : callbacks_) cb->set_model(&model_);
+  // At an epoch's end the backups come after the user's other callbacks, so that an epoch-end
+  // backup holds their state after this epoch (EarlyStopping's count) wherever the user listed
+  // BackupAndRestore, and before fit's own TensorBoard and History, which report the backup's
+  // time.
+  const auto is_backup = [](const Callback* cb) {
+    return dynamic_cast<const BackupAndRestore*>(cb) != nullptr;
+  };
+  const size_t own = options_.callbacks.size();  // fit's own callbacks follow the user's
+  epoch_end_order_.clear();
+  for (size_t i = 0; i < own; ++i) {
+    if (!is_backup(callbacks_[i].get())) epoch_end_order_.push_back(callbacks_[i].get());
+  }
+  for (const auto& cb : callbacks_) {
+    if (is_backup(cb.get())) epoch_end_order_.push_back(cb.get());
+  }
+  for (size_t i = own; i < callbacks_.size(); ++i) {
+    if (!is_backup(callbacks_[i].get())) epoch_end_order_.push_back(callbacks_[i].get());
+  }
   if (options_.validation_data)
     validation_ = options_.validation_data->dataset(options_.batch_size);
 
@@ -259,14 +277,7 @@ bool FitLoop::run_epoch(int64_t epoch, int64_t step, bool resumed, int64_t& next
       const auto [p, q] = computed_position(epoch + 1, 0);
       position_.data_position = data::IteratorState{p, q};
     }
-    // Backups last, so that an epoch-end backup holds the other callbacks' state after this
-    // epoch (EarlyStopping's count), wherever the user listed BackupAndRestore.
-    for (const auto& cb : callbacks_) {
-      if (dynamic_cast<BackupAndRestore*>(cb.get()) == nullptr) cb->on_epoch_end(epoch, logs_);
-    }
-    for (const auto& cb : callbacks_) {
-      if (dynamic_cast<BackupAndRestore*>(cb.get()) != nullptr) cb->on_epoch_end(epoch, logs_);
-    }
+    for (Callback* cb : epoch_end_order_) cb->on_epoch_end(epoch, logs_);
   } catch (const Error&) {
     return resume_after_failure(next_epoch, next_step);
   }

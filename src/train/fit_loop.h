@@ -77,6 +77,7 @@ class FitLoop {
   int verbose_ = 0;
   std::unique_ptr<TrainStep> step_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::vector<Callback*> epoch_end_order_;  // callbacks_ in on_epoch_end's order
   std::shared_ptr<History> history_;
   std::optional<data::Dataset> validation_;
   data::Dataset dataset_;

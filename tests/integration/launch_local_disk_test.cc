@@ -402,7 +402,7 @@ class LaunchLocalDiskSharded : public LaunchLocalDisk {
  protected:
   static void sharded(Cluster& c) {
     c.nproc_ = 2;
-    c.epochs_ = 30;  // 16 steps an epoch: 480 steps
+    c.epochs_ = 120;  // 16 steps an epoch: 1,920 steps, as the other tests
     c.batch_ = 24;
     c.sharded_ = true;
   }

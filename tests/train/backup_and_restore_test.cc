@@ -227,6 +227,61 @@ TEST_F(BackupAndRestoreTest, EpochEndBackupsHoldTheEpochsEarlyStoppingState) {
   }
 }
 
+// A user's callback with state of its own (docs/guide.md): two of them, so the second is saved
+// as "epoch_counter_1"; each starts at a different count.
+class EpochCounter : public Callback {
+ public:
+  explicit EpochCounter(int64_t start) : n_(start) {}
+  void on_epoch_end(int64_t, const nn::Logs&) override { ++n_; }
+  std::string state_name() const override { return "epoch_counter"; }
+  std::vector<Tensor> state() const override {
+    Tensor t(DType::kInt64, Shape{});
+    t.data<int64_t>()[0] = n_;
+    return {t};
+  }
+  void set_state(const std::vector<Tensor>& s) override { n_ = s.at(0).data<int64_t>()[0]; }
+  int64_t count() const { return n_; }
+
+ private:
+  int64_t n_;
+};
+
+TEST_F(BackupAndRestoreTest, AUsersCallbackStateResumes) {
+  const Data d = make_data(64);  // 4 steps per epoch
+  const auto run = [&](int64_t crash_at_step) -> std::optional<std::pair<int64_t, int64_t>> {
+    set_random_seed(3);
+    nn::clear_session();
+    nn::Sequential model({nn::Dense(3, {.input_shape = Shape{6}})});
+    model.compile(
+        {.optimizer = "sgd", .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
+    auto a = std::make_shared<EpochCounter>(0);
+    auto b = std::make_shared<EpochCounter>(100);
+    int64_t steps = 0;
+    auto crasher = std::make_shared<LambdaCallback>(
+        LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
+          if (++steps == crash_at_step) throw Interrupted();
+        }});
+    try {
+      model.fit(d.x, d.y,
+                {.epochs = 5,
+                 .batch_size = 16,
+                 .verbose = 0,
+                 .callbacks = {a, b, crasher},
+                 .save_checkpoints = true,
+                 .checkpoint_dir = dir_,
+                 .checkpoint_every = 3});
+    } catch (const Interrupted&) {
+      return std::nullopt;
+    }
+    return std::pair{a->count(), b->count()};
+  };
+  EXPECT_FALSE(run(14).has_value());  // in epoch 3; the newest backup is after step 12
+  const auto resumed = run(-1);
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(resumed->first, 5);
+  EXPECT_EQ(resumed->second, 105);
+}
+
 TEST(EarlyStoppingState, RoundTripsThroughSetState) {
   EarlyStopping a(EarlyStoppingOptions{.monitor = "loss", .patience = 5});
   a.on_train_begin({});

@@ -33,9 +33,14 @@ void add_lm_flags(CLI::App* cmd, LmFlags& f) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.99));
   cmd->add_option("--tokenizer", f.tokenizer,
-                  "--arch gpt: char (a character vocabulary of the corpus). sentencepiece is "
-                  "refused: SentencePiece cannot be linked into this binary (gRPC)")
+                  "--arch gpt: char (a character vocabulary of the corpus), bpe or unigram "
+                  "(a SentencePiece model of --vocab-size pieces trained on the corpus), or the "
+                  "path of a SentencePiece .model file")
       ->capture_default_str();
+  cmd->add_option("--vocab-size", f.vocab_size,
+                  "--arch gpt: pieces of the SentencePiece model --tokenizer bpe|unigram trains")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--corpus", f.corpus,
                   "--arch gpt: UTF-8 text file to train on (default: the fortunes text, "
                   "/usr/share/games/fortunes)");
@@ -64,24 +69,30 @@ std::pair<Tensor, Tensor> windows(const std::vector<int32_t>& ids, size_t begin,
 }  // namespace
 
 LmData load_lm_data(const LmFlags& f) {
-  if (f.tokenizer == "sentencepiece") {
-    throw InvalidArgumentError(
-        "--tokenizer sentencepiece: not available in the dtrain binary. Debian's "
-        "libsentencepiece bundles its own protobuf, which crashes in a process that also links "
-        "gRPC's; train with --tokenizer char, or train a SentencePiece model from a program "
-        "that links dtrain_sentencepiece without gRPC (docs/language-model.md)");
-  }
-  DTRAIN_CHECK(f.tokenizer == "char", "--tokenizer ", f.tokenizer,
-               ": unknown tokenizer (char is available)");
+  const bool trained_spm = f.tokenizer == "bpe" || f.tokenizer == "unigram";
+  const bool spm_file =
+      f.tokenizer.size() > 6 && f.tokenizer.compare(f.tokenizer.size() - 6, 6, ".model") == 0;
+  DTRAIN_CHECK(f.tokenizer == "char" || trained_spm || spm_file, "--tokenizer ", f.tokenizer,
+               ": unknown tokenizer (char, bpe, unigram, or a SentencePiece .model file)");
   const std::string where = f.corpus.empty() ? std::string("the fortunes corpus") : f.corpus;
   const std::string text =
       f.corpus.empty() ? data::fortunes::load_text() : data::read_file(f.corpus);
   DTRAIN_CHECK(!text.empty(), "--corpus ", where, ": the file is empty");
   data::check_utf8_text(text, where);
   LmData d;
-  auto tok = std::make_shared<data::CharTokenizer>(data::CharTokenizer::build(text));
-  const std::vector<int32_t> ids = tok->encode(text);
-  d.tokenizer = tok;
+  if (f.tokenizer == "char") {
+    d.tokenizer = std::make_shared<data::CharTokenizer>(data::CharTokenizer::build(text));
+  } else if (spm_file) {
+    d.tokenizer = std::make_shared<data::SentencePieceTokenizer>(
+        data::SentencePieceTokenizer::load(f.tokenizer));
+  } else {
+    using Type = data::SentencePieceTrainOptions::ModelType;
+    d.tokenizer =
+        std::make_shared<data::SentencePieceTokenizer>(data::SentencePieceTokenizer::train(
+            text, {.model_type = f.tokenizer == "bpe" ? Type::kBpe : Type::kUnigram,
+                   .vocab_size = f.vocab_size}));
+  }
+  const std::vector<int32_t> ids = d.tokenizer->encode(text);
   const size_t val = static_cast<size_t>(std::floor(ids.size() * f.validation_split));
   const size_t split = ids.size() - val;
   std::tie(d.x_train, d.y_train) = windows(ids, 0, split, f.context);

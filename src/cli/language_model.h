@@ -22,13 +22,16 @@ struct LmFlags {
   int64_t d_model = 128;
   int64_t heads = 4;
   double dropout = 0.0;
+  // char, bpe or unigram (a SentencePiece model trained on the corpus), or the path of a
+  // SentencePiece .model file.
   std::string tokenizer = "char";
-  std::string corpus;  // empty: the fortunes text (data/fortunes.h)
+  int64_t vocab_size = 1000;  // --vocab-size: of a SentencePiece model trained here
+  std::string corpus;         // empty: the fortunes text (data/fortunes.h)
   double validation_split = 0.1;
 };
 
-// Registers --context, --layers, --d-model, --heads, --dropout, --tokenizer, --corpus and
-// --validation-split on `cmd`.
+// Registers --context, --layers, --d-model, --heads, --dropout, --tokenizer, --vocab-size,
+// --corpus and --validation-split on `cmd`.
 void add_lm_flags(CLI::App* cmd, LmFlags& f);
 
 // The corpus cut into next-token windows: x, y int32 [n, context], windows of context + 1
@@ -40,8 +43,9 @@ struct LmData {
 };
 
 // Reads the corpus (or the fortunes), builds the tokenizer and the windows. Throws
-// InvalidArgumentError for --tokenizer sentencepiece (see the message) or a corpus too short for
-// one window per split, NotFoundError / DataLossError for a missing, empty or binary corpus.
+// InvalidArgumentError for an unknown --tokenizer, a vocabulary SentencePiece cannot train or a
+// corpus too short for one window per split, NotFoundError / DataLossError for a missing, empty
+// or binary corpus or .model file.
 LmData load_lm_data(const LmFlags& f);
 
 // The GPT of the flags for a vocabulary of `vocab_size`.

@@ -80,12 +80,8 @@ std::unique_ptr<Tokenizer> from_json(const nlohmann::json& j) {
     if (class_name == "SentencePieceTokenizer") {
       std::string proto = detail::base64_decode(config.at("model_proto").get<std::string>(),
                                                 "tokenizer_from_bytes: model_proto");
-      if (detail::sentencepiece_from_model_proto == nullptr) {
-        throw FailedPreconditionError(
-            "tokenizer_from_bytes: a SentencePieceTokenizer needs the dtrain_sentencepiece "
-            "library, which this program does not link");
-      }
-      return detail::sentencepiece_from_model_proto(std::move(proto));
+      return std::make_unique<SentencePieceTokenizer>(
+          SentencePieceTokenizer::from_model_proto(std::move(proto)));
     }
   } catch (const nlohmann::json::exception& e) {
     throw DataLossError(

@@ -24,9 +24,6 @@ std::string describe_code_point(uint32_t cp);
 
 std::string base64_encode(std::string_view bytes);
 
-// Defined by dtrain_sentencepiece; a weak reference here, null when that library is not linked.
-std::unique_ptr<Tokenizer> sentencepiece_from_model_proto(std::string model_proto)
-    __attribute__((weak));
 // Throws DataLossError for characters outside the base64 alphabet or a bad length.
 std::string base64_decode(std::string_view text, std::string_view where);
 

@@ -1,7 +1,7 @@
 // dtrain fit --arch gpt, run as a user would: a tiny GPT trains on a text corpus with a
 // validation split, under one device and under mirrored replicas with checkpoints, and saves a
-// .keras that carries its tokenizer; bad corpora and --tokenizer sentencepiece are refused
-// with clear messages.
+// .keras that carries its tokenizer, also with SentencePiece tokenizers (in this gRPC binary, and
+// under dtrain launch); bad corpora and tokenizer flags are refused with clear messages.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -92,12 +92,60 @@ TEST(ArchGpt, MultiWorkerAndParameterServerJobs) {
   EXPECT_TRUE(contains(r.output, "test_loss")) << r.output;
 }
 
-TEST(ArchGpt, BadCorporaAndSentencePieceAreRefused) {
+// SentencePiece in the dtrain binary, which links gRPC (its shim runs in a link-map namespace of
+// its own): a BPE model trained on the corpus, saved in the .keras and used by dtrain generate;
+// a unigram model under two MultiWorkerMirrored workers; a .model file given by path.
+TEST(ArchGpt, SentencePieceTokenizers) {
+  dtrain::testutil::TempDir dir("arch_gpt_spm");
+  const std::string corpus = write_corpus(dir.path());
+  const std::string keras = dir.path() + "/lm.keras";
+  auto r = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny +
+                      " --tokenizer bpe --vocab-size 60 --save " + keras);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 60")) << r.output;
+  const auto tok =
+      dtrain::testutil::run_shell("unzip -p " + keras + " assets/tokenizer/tokenizer.json");
+  EXPECT_TRUE(contains(tok.output, "\"SentencePieceTokenizer\"")) << tok.output;
+  r = run_dtrain("generate --model " + keras + " --prompt 'the quick' --tokens 5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "the quick")) << r.output;
+
+  const std::string dtrain = std::string(DTRAIN_BINARY_DIR) + "/dtrain";
+  r = run_dtrain("launch --nproc-per-node 2 -- " + dtrain + " fit --strategy multi-worker " +
+                 "--arch gpt --corpus " + corpus + kTiny + " --tokenizer unigram --vocab-size 50");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "2 replicas in sync (2 workers x 1 local)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 50")) << r.output;
+
+  // The .model file inside the saved tokenizer, given back by path.
+  const std::string model = dir.path() + "/tok.model";
+  r = dtrain::testutil::run_shell(
+      "unzip -p " + keras +
+      " assets/tokenizer/tokenizer.json | python3 -c 'import json, sys, base64; "
+      "sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)[\"config\"][\"model_proto\"]))"
+      "' > " +
+      model);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny + " --tokenizer " + model);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "vocabulary 60")) << r.output;
+}
+
+TEST(ArchGpt, BadCorporaAndTokenizersAreRefused) {
   dtrain::testutil::TempDir dir("arch_gpt_bad");
   const std::string corpus = write_corpus(dir.path());
   auto r = run_dtrain("fit --arch gpt --corpus " + corpus + " --tokenizer sentencepiece");
   EXPECT_NE(r.code, 0);
-  EXPECT_TRUE(contains(r.output, "gRPC")) << r.output;
+  EXPECT_TRUE(contains(r.output, "char, bpe, unigram")) << r.output;
+  r = run_dtrain("fit --arch gpt --corpus " + corpus + " --tokenizer " + dir.path() +
+                 "/missing.model");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "missing.model")) << r.output;
+  r = run_dtrain("fit --arch gpt --corpus " + corpus + " --tokenizer bpe --vocab-size 100000");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "Vocabulary size too high")) << r.output;
+  r = run_dtrain("fit --arch gpt --corpus " + corpus + " --tokenizer bpe --vocab-size 0");
+  EXPECT_EQ(r.code, 2) << r.output;
   const std::string empty = dir.path() + "/empty.txt";
   std::ofstream(empty).close();
   r = run_dtrain("fit --arch gpt --corpus " + empty);

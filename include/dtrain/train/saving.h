@@ -62,8 +62,7 @@ void save_model(nn::Model& model, const std::string& path, const SaveModelOption
 
 // The tokenizer saved with the model at `path` (SaveModelOptions::tokenizer), a .keras archive or
 // an .h5 file. Throws NotFoundError naming the path when the file is missing or holds no
-// tokenizer, DataLossError for a corrupt file or tokenizer, UnimplementedError for a
-// SentencePiece tokenizer in a binary without dtrain_sentencepiece.
+// tokenizer, DataLossError for a corrupt file or tokenizer.
 std::unique_ptr<data::Tokenizer> load_tokenizer(const std::string& path);
 
 struct LoadModelOptions {

@@ -104,9 +104,11 @@ struct SentencePieceTrainOptions {
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  // Trains a model on `corpus` (lines of text) in-process, in a temporary directory that is
-  // removed afterwards. Throws InvalidArgumentError for an empty corpus or a vocab_size
-  // SentencePiece rejects (its message included), DataLossError for a binary corpus.
+  // Trains a model on `corpus` (lines of text) in-process, in memory (no files). Throws
+  // InvalidArgumentError for an empty corpus or a vocab_size SentencePiece rejects (its message
+  // included), DataLossError for a binary corpus. SentencePiece runs in a link-map namespace of
+  // its own, so this works beside gRPC (docs/text-data.md, "Linking"); FailedPreconditionError
+  // when its shim cannot be loaded (every SentencePieceTokenizer function).
   static SentencePieceTokenizer train(std::string_view corpus,
                                       const SentencePieceTrainOptions& options = {});
   // Loads a .model file. Throws NotFoundError for a missing file, DataLossError for one that is

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -158,48 +159,64 @@ TEST_F(LaunchNetnsTest, AHostCutOffIsDroppedAndAdmittedAgainWhenItsLinkReturns) 
   }
   ASSERT_FALSE(HasFailure());
 
-  // Detection: the first failure of generation 1 names host 2, seen by heartbeat, in bounded time.
+  // Detection: the first failure names host 2, seen by heartbeat in generation 1, in bounded
+  // time. A link that has just come back can still refuse a connection for a moment (a Gloo
+  // connect to a peer failed with "No route to host" in one loaded run, one run in a few dozen):
+  // the launchers then recover with one more generation, which is allowed here as long as every
+  // later failure comes after the readmission and the job ends with all three hosts.
   std::vector<json> failures;
   for (int i : {0, 1}) {
     for (auto& f : events(i, "failure")) failures.push_back(f);
   }
-  ASSERT_EQ(failures.size(), 1u) << all_output();
+  ASSERT_GE(failures.size(), 1u) << all_output();
+  std::sort(failures.begin(), failures.end(),
+            [](const json& a, const json& b) { return a["time"] < b["time"]; });
   const json& f = failures[0];
   EXPECT_EQ(f["generation"], 1);
   EXPECT_EQ(f["node"], kLost);
   EXPECT_EQ(f["detector"], "heartbeat");
+  for (size_t k = 1; k < failures.size(); ++k) {
+    EXPECT_GE(failures[k]["generation"].get<int>(), 3) << failures[k].dump();
+    std::printf("a later failure, recovered: %s\n", failures[k].value("message", "").c_str());
+  }
   const double detected = f["time"].get<double>() - down_at;
   EXPECT_GE(detected, kHeartbeatTimeout - 0.3);  // heartbeat ages are measured on the server
   // How long after the timeout depends on the machine's load: reported, not asserted.
   std::printf("host loss detected %.2f s after the link went down (heartbeat timeout %.1f s)\n",
               detected, kHeartbeatTimeout);
 
-  // Generations as nodes 0 and 1 saw them: 1 (3 hosts), 2 (2 hosts), 3 (3 hosts, host 2 back).
+  // Generations as nodes 0 and 1 saw them: 1 (3 hosts), 2 (2 hosts), 3 (3 hosts, host 2 back),
+  // and, after a failure of the readmitted group, more that end with 3 hosts.
+  int last = 0;
   for (int i : {0, 1}) {
     const auto starts = events(i, "start");
     ASSERT_EQ(starts.size(), 1u);
     EXPECT_EQ(starts[0]["world_size"], 3);
     const auto restarts = events(i, "restart");
-    ASSERT_EQ(restarts.size(), 2u) << all_output();
+    ASSERT_GE(restarts.size(), 2u) << all_output();
     EXPECT_EQ(restarts[0]["generation"], 2);
     EXPECT_EQ(restarts[0]["world_size"], 2);
     EXPECT_EQ(restarts[1]["generation"], 3);
     EXPECT_EQ(restarts[1]["world_size"], 3);
+    EXPECT_EQ(restarts.back()["world_size"], 3);
     const auto completed = events(i, "completed");
     ASSERT_EQ(completed.size(), 1u);
-    EXPECT_EQ(completed[0]["generation"], 3);
+    last = completed[0]["generation"].get<int>();
+    EXPECT_EQ(restarts.back()["generation"], last);
   }
+  EXPECT_EQ(last == 3, failures.size() == 1) << all_output();
   // Generation 2 made progress: it resumed from the checkpoint and trained past it.
   const auto recovered = events(0, "recovered");
-  ASSERT_EQ(recovered.size(), 1u) << all_output();
+  ASSERT_GE(recovered.size(), 1u) << all_output();
   EXPECT_EQ(recovered[0]["generation"], 2);
   EXPECT_GT(recovered[0]["resumed_step"].get<int>(), 0);
   std::vector<json> admit;  // recorded by whichever of nodes 0 and 1 saw host 2 waiting first
   for (int i : {0, 1}) {
-    for (auto& e : events(i, "admit")) admit.push_back(e);
+    for (auto& e : events(i, "admit")) {
+      if (e["generation"] == 2) admit.push_back(e);
+    }
   }
   ASSERT_EQ(admit.size(), 1u) << all_output();
-  EXPECT_EQ(admit[0]["generation"], 2);
   const double admitted = admit[0]["time"].get<double>() - up_at;
   std::printf(
       "generation 2 resumed at step %d and recovered %.2f s after detection; host 2 "
@@ -212,12 +229,13 @@ TEST_F(LaunchNetnsTest, AHostCutOffIsDroppedAndAdmittedAgainWhenItsLinkReturns) 
   ASSERT_GE(lost.size(), 1u) << output(kLost);
   EXPECT_EQ(lost[0]["generation"], 1);
   const auto rejoined = events(kLost, "restart");
-  ASSERT_EQ(rejoined.size(), 1u) << output(kLost);
+  ASSERT_GE(rejoined.size(), 1u) << output(kLost);
   EXPECT_EQ(rejoined[0]["generation"], 3);
   EXPECT_EQ(rejoined[0]["world_size"], 3);
   const std::string out0 = output(0), out2 = output(kLost);
-  EXPECT_NE(out0.find("DONE rank 0 world 3 gen 3 step 500"), std::string::npos) << out0;
-  EXPECT_NE(out2.find("DONE rank 2 world 3 gen 3 step 500"), std::string::npos) << out2;
+  const std::string done = " world 3 gen " + std::to_string(last) + " step 500";
+  EXPECT_NE(out0.find("DONE rank 0" + done), std::string::npos) << out0;
+  EXPECT_NE(out2.find("DONE rank 2" + done), std::string::npos) << out2;
 }
 
 }  // namespace

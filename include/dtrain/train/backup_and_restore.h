@@ -38,7 +38,9 @@ struct BackupAndRestoreOptions {
   // Under a strategy with several workers (MultiWorkerMirroredStrategy): every worker writes its
   // rows of the trainable variables and their slots as its own data shard of each backup and
   // the chief the rest and the merged index (docs/checkpoints.md, "Sharded checkpoints"); the
-  // backups restore on any number of workers. Sharded backups are written synchronously (the
+  // backups restore on any number of workers. Under `dtrain launch` with several nodes each
+  // host's workers write a whole sharded backup into their host's directory, the host's first
+  // worker the rest and the index (docs/fault-tolerance.md, "No shared filesystem"). Sharded backups are written synchronously (the
   // all-gathers run on the training thread), whatever enable_async says.
   bool sharded = false;
 };

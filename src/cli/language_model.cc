@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/file.h"
 #include "dtrain/data/fortunes.h"
 #include "dtrain/data/text.h"
 
@@ -41,6 +42,11 @@ void add_lm_flags(CLI::App* cmd, LmFlags& f) {
                   "--arch gpt: pieces of the SentencePiece model --tokenizer bpe|unigram trains")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option(
+      "--tokenizer-out", f.tokenizer_out,
+      "--arch gpt: write the SentencePiece model --tokenizer bpe|unigram trains to this "
+      ".model file (give it to --tokenizer next time: a restarted worker then loads "
+      "it instead of training again)");
   cmd->add_option("--corpus", f.corpus,
                   "--arch gpt: UTF-8 text file to train on (default: the fortunes text, "
                   "/usr/share/games/fortunes)");
@@ -74,6 +80,9 @@ LmData load_lm_data(const LmFlags& f) {
       f.tokenizer.size() > 6 && f.tokenizer.compare(f.tokenizer.size() - 6, 6, ".model") == 0;
   DTRAIN_CHECK(f.tokenizer == "char" || trained_spm || spm_file, "--tokenizer ", f.tokenizer,
                ": unknown tokenizer (char, bpe, unigram, or a SentencePiece .model file)");
+  DTRAIN_CHECK(f.tokenizer_out.empty() || trained_spm, "--tokenizer-out ", f.tokenizer_out,
+               ": only a SentencePiece model trained here (--tokenizer bpe or unigram) is "
+               "written");
   const std::string where = f.corpus.empty() ? std::string("the fortunes corpus") : f.corpus;
   const std::string text =
       f.corpus.empty() ? data::fortunes::load_text() : data::read_file(f.corpus);
@@ -87,10 +96,12 @@ LmData load_lm_data(const LmFlags& f) {
         data::SentencePieceTokenizer::load(f.tokenizer));
   } else {
     using Type = data::SentencePieceTrainOptions::ModelType;
-    d.tokenizer =
-        std::make_shared<data::SentencePieceTokenizer>(data::SentencePieceTokenizer::train(
-            text, {.model_type = f.tokenizer == "bpe" ? Type::kBpe : Type::kUnigram,
-                   .vocab_size = f.vocab_size}));
+    auto spm = std::make_shared<data::SentencePieceTokenizer>(data::SentencePieceTokenizer::train(
+        text, {.model_type = f.tokenizer == "bpe" ? Type::kBpe : Type::kUnigram,
+               .vocab_size = f.vocab_size}));
+    // Every worker of a job trains the same bytes; each replaces the file whole.
+    if (!f.tokenizer_out.empty()) write_file_atomically(f.tokenizer_out, spm->model_proto());
+    d.tokenizer = spm;
   }
   const std::vector<int32_t> ids = d.tokenizer->encode(text);
   const size_t val = static_cast<size_t>(std::floor(ids.size() * f.validation_split));

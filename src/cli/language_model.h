@@ -26,12 +26,13 @@ struct LmFlags {
   // SentencePiece .model file.
   std::string tokenizer = "char";
   int64_t vocab_size = 1000;  // --vocab-size: of a SentencePiece model trained here
+  std::string tokenizer_out;  // --tokenizer-out: where to write that model (a .model file)
   std::string corpus;         // empty: the fortunes text (data/fortunes.h)
   double validation_split = 0.1;
 };
 
 // Registers --context, --layers, --d-model, --heads, --dropout, --tokenizer, --vocab-size,
-// --corpus and --validation-split on `cmd`.
+// --tokenizer-out, --corpus and --validation-split on `cmd`.
 void add_lm_flags(CLI::App* cmd, LmFlags& f);
 
 // The corpus cut into next-token windows: x, y int32 [n, context], windows of context + 1

@@ -117,18 +117,25 @@ TEST(ArchGpt, SentencePieceTokenizers) {
   EXPECT_TRUE(contains(r.output, "2 replicas in sync (2 workers x 1 local)")) << r.output;
   EXPECT_TRUE(contains(r.output, "vocabulary 50")) << r.output;
 
-  // The .model file inside the saved tokenizer, given back by path.
+  // --tokenizer-out writes the trained model, the one the .keras holds; --tokenizer FILE.model
+  // loads it.
   const std::string model = dir.path() + "/tok.model";
+  r = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny +
+                 " --tokenizer bpe --vocab-size 60 --tokenizer-out " + model);
+  ASSERT_EQ(r.code, 0) << r.output;
   r = dtrain::testutil::run_shell(
       "unzip -p " + keras +
       " assets/tokenizer/tokenizer.json | python3 -c 'import json, sys, base64; "
       "sys.stdout.buffer.write(base64.b64decode(json.load(sys.stdin)[\"config\"][\"model_proto\"]))"
-      "' > " +
+      "' | cmp - " +
       model);
-  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.code, 0) << "the .model differs from the saved tokenizer's: " << r.output;
   r = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny + " --tokenizer " + model);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "vocabulary 60")) << r.output;
+  r = run_dtrain("fit --arch gpt --corpus " + corpus + kTiny + " --tokenizer-out " + model);
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(contains(r.output, "--tokenizer-out")) << r.output;
 }
 
 TEST(ArchGpt, BadCorporaAndTokenizersAreRefused) {

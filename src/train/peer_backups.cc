@@ -90,7 +90,8 @@ std::optional<checkpoint::ShardedSaveOptions> host_sharding(distribute::Strategy
   bool shared = false;
   for (size_t r = 0; r < all.size(); ++r) {
     const json j = json::parse(all[r], nullptr, false);
-    if (j.is_discarded() || !j.contains("node") || !j.contains("local_rank")) {
+    if (j.is_discarded() || !j.contains("node") || !j["node"].is_number_integer() ||
+        !j.contains("local_rank") || !j["local_rank"].is_number_integer()) {
       throw DataLossError(
           str_cat("BackupAndRestore: worker ", r, " sent a malformed host entry '", all[r], "'"));
     }

@@ -279,6 +279,19 @@ class LaunchLocalDisk : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
+  // Kills every launcher (nothing is left in memory), deletes host 1's directory, starts three
+  // fresh launchers and finishes as finish_and_compare(). Returns the newest backup the other
+  // hosts held.
+  int cold_restart_without_host_1() {
+    for (int i : {1, 0, 2}) c_->kill_host(i);
+    int newest = -1;
+    for (int i : {0, 2}) newest = std::max(newest, c_->newest_backup(i));
+    c_->wipe_host(1);
+    c_->start_all(testutil::free_port());
+    finish_and_compare();
+    return newest;
+  }
+
   void finish_and_compare() {
     const std::vector<int> codes = c_->finish_all();
     ASSERT_EQ(codes, std::vector<int>(kHosts, 0)) << c_->all_logs();
@@ -338,12 +351,7 @@ TEST_F(LaunchLocalDisk, AWholeHostLostWithItsDiskRestoresFromAPeersDisk) {
 TEST_F(LaunchLocalDisk, AColdRestartWithOneDiskGoneResumesFromThePeersNewestBackup) {
   c_->start_all(testutil::free_port());
   ASSERT_TRUE(c_->wait_for_backups(3)) << c_->all_logs();
-  for (int i : {1, 0, 2}) c_->kill_host(i);
-  int newest = -1;
-  for (int i : {0, 2}) newest = std::max(newest, c_->newest_backup(i));
-  c_->wipe_host(1);
-  c_->start_all(testutil::free_port());
-  finish_and_compare();
+  const int newest = cold_restart_without_host_1();
   ASSERT_FALSE(HasFailure());
 
   const auto restores = c_->backup_restores(1);  // the fresh launchers' first generation
@@ -423,12 +431,7 @@ TEST_F(LaunchLocalDiskSharded, EveryHostKeepsAWholeShardedBackupAndAColdRestartR
       EXPECT_TRUE(fs::exists(f)) << f << " is missing on host " << i;
     }
   }
-  for (int i : {1, 0, 2}) c_->kill_host(i);
-  int newest = -1;
-  for (int i : {0, 2}) newest = std::max(newest, c_->newest_backup(i));
-  c_->wipe_host(1);
-  c_->start_all(testutil::free_port());
-  finish_and_compare();
+  const int newest = cold_restart_without_host_1();
   ASSERT_FALSE(HasFailure());
 
   const auto restores = c_->backup_restores(1);

@@ -256,6 +256,16 @@ class LaunchSpares : public ::testing::Test {
     return n;
   }
 
+  // Waits (up to 60 s) for a spare_lost event and `ready` ready spares: a lost standby spare
+  // replaced.
+  void wait_for_spare_replaced(int ready) const {
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (Clock::now() < deadline &&
+           (of_kind(all_events(), "spare_lost").empty() || ready_spares() < ready)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
   // The job's end: exit 0 and every rank's variables bitwise equal to `ref`.
   void check_bitwise(Process& p, int n, const std::string& ref, int kills) {
     const int code = p.pid > 0 ? wait_for(p, Clock::now() + std::chrono::seconds(180)) : 0;
@@ -420,11 +430,7 @@ TEST_F(LaunchSpares, TwoAtOnceAndALostSpare) {
   const pid_t spare = standby().begin()->first;
   ASSERT_EQ(kill(spare, SIGKILL), 0);
   // Replaced: a spare_lost for it, and two ready spares again, while the workers train on.
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (Clock::now() < deadline &&
-         (of_kind(all_events(), "spare_lost").empty() || ready_spares() < 2)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for_spare_replaced(2);
   const auto lost = of_kind(all_events(), "spare_lost");
   ASSERT_EQ(lost.size(), 1u) << log_tail(read_file(dir_ + "/job.log"));
   EXPECT_EQ(lost[0].value("pid", -1), spare) << lost[0].dump();
@@ -456,11 +462,7 @@ TEST_F(LaunchSpares, AStoppedSpareIsFencedAndReplaced) {
   const double stopped_at =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   ASSERT_EQ(kill(spare, SIGSTOP), 0);
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (Clock::now() < deadline &&
-         (of_kind(all_events(), "spare_lost").empty() || ready_spares() < 1)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  wait_for_spare_replaced(1);
   const auto lost = of_kind(all_events(), "spare_lost");
   ASSERT_EQ(lost.size(), 1u) << "the stopped spare was not fenced\n"
                              << log_tail(read_file(dir_ + "/job.log"));

@@ -43,6 +43,16 @@ class Interrupted : public std::runtime_error {
   Interrupted() : std::runtime_error("simulated crash") {}
 };
 
+// A callback that throws Interrupted at the end of its `crash_at_step`-th batch (1-based; a crash:
+// no on_train_end); never for a value < 1.
+std::shared_ptr<Callback> crash_after(int64_t crash_at_step) {
+  auto steps = std::make_shared<int64_t>(0);
+  return std::make_shared<LambdaCallback>(
+      LambdaCallbackOptions{.on_batch_end = [steps, crash_at_step](int64_t, const nn::Logs&) {
+        if (++*steps == crash_at_step) throw Interrupted();
+      }});
+}
+
 // Builds, compiles and trains the same model from the same global seed. `crash_at_step` >= 0
 // throws from a callback after that many global steps (a crash: no on_train_end).
 std::vector<Tensor> train(const Data& d, const std::string& dir, int64_t crash_at_step,
@@ -55,11 +65,7 @@ std::vector<Tensor> train(const Data& d, const std::string& dir, int64_t crash_a
       {.optimizer = std::make_shared<optim::Adam>(optim::AdamOptions{.learning_rate = 0.01}),
        .loss = nn::SparseCategoricalCrossentropy({.from_logits = true}),
        .metrics = {"accuracy"}});
-  int64_t steps = 0;
-  auto crasher = std::make_shared<LambdaCallback>(
-      LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
-        if (++steps == crash_at_step) throw Interrupted();
-      }});
+  auto crasher = crash_after(crash_at_step);
   std::shared_ptr<BackupAndRestore> backup;
   std::vector<std::shared_ptr<Callback>> callbacks;
   if (!dir.empty()) {
@@ -160,11 +166,7 @@ std::optional<Stopped> train_with_early_stopping(const Data& d, const std::strin
        .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
   auto stop = std::make_shared<EarlyStopping>(EarlyStoppingOptions{
       .monitor = "loss", .min_delta = 1e9, .patience = 3, .restore_best_weights = true});
-  int64_t steps = 0;
-  auto crasher = std::make_shared<LambdaCallback>(
-      LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
-        if (++steps == crash_at_step) throw Interrupted();
-      }});
+  auto crasher = crash_after(crash_at_step);
   std::vector<std::shared_ptr<Callback>> callbacks;
   if (!dir.empty()) {
     callbacks.push_back(
@@ -256,11 +258,7 @@ TEST_F(BackupAndRestoreTest, AUsersCallbackStateResumes) {
         {.optimizer = "sgd", .loss = nn::SparseCategoricalCrossentropy({.from_logits = true})});
     auto a = std::make_shared<EpochCounter>(0);
     auto b = std::make_shared<EpochCounter>(100);
-    int64_t steps = 0;
-    auto crasher = std::make_shared<LambdaCallback>(
-        LambdaCallbackOptions{.on_batch_end = [&](int64_t, const nn::Logs&) {
-          if (++steps == crash_at_step) throw Interrupted();
-        }});
+    auto crasher = crash_after(crash_at_step);
     try {
       model.fit(d.x, d.y,
                 {.epochs = 5,
